@@ -1,0 +1,279 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Finalizer the operator puts on every admitted request, so cleanup (uncordon) runs on deletion.
+pub const FINALIZER: &str = "maintenance.nvidia.com/finalizer";
+/// Annotation recording whether the node was unschedulable before we touched it ("true"/"false").
+pub const INITIAL_UNSCHEDULABLE_ANNOTATION: &str =
+    "maintenance.nvidia.com/node-initial-state.unschedulable";
+
+/// Condition types used in `status.conditions`.
+pub mod condition_type {
+    /// Always present once the operator saw the request; its reason is the phase.
+    pub const READY: &str = "Ready";
+    /// Present (True) while the operator has given up a step, e.g. a drain timed out.
+    pub const FAILED: &str = "Failed";
+    /// Set by the requestor (never by us) when its own work on the node failed.
+    pub const REQUESTOR_FAILED: &str = "RequestorFailed";
+}
+
+/// The phase of a request: the `reason` of its `Ready` condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    Pending,
+    Scheduled,
+    Cordon,
+    WaitForPodCompletion,
+    Draining,
+    Ready,
+    RequestorFailed,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 7] = [
+        Phase::Pending,
+        Phase::Scheduled,
+        Phase::Cordon,
+        Phase::WaitForPodCompletion,
+        Phase::Draining,
+        Phase::Ready,
+        Phase::RequestorFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Scheduled => "Scheduled",
+            Phase::Cordon => "Cordon",
+            Phase::WaitForPodCompletion => "WaitForPodCompletion",
+            Phase::Draining => "Draining",
+            Phase::Ready => "Ready",
+            Phase::RequestorFailed => "RequestorFailed",
+        }
+    }
+
+    pub fn parse(reason: &str) -> Option<Phase> {
+        Phase::ALL.into_iter().find(|p| p.as_str() == reason)
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request to take one node out of service for maintenance.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "maintenance.nvidia.com",
+    version = "v1alpha1",
+    kind = "NodeMaintenance",
+    namespaced,
+    status = "NodeMaintenanceStatus",
+    shortname = "nm",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),
+    printcolumn(name = "Requestor", type_ = "string", json_path = ".spec.requestorID"),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Ready')].reason"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Ready')].status"
+    ),
+    printcolumn(
+        name = "Failed",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Failed')].reason"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeMaintenanceSpec {
+    /// Identifies the component that asked for the maintenance (e.g. "upgrade.example.com").
+    #[serde(rename = "requestorID")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("requestorID is immutable: create a new NodeMaintenance instead"))]
+    #[schemars(length(min = 1))]
+    pub requestor_id: String,
+
+    /// Other requestors sharing this maintenance; deletion waits until this list is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub additional_requestors: Option<Vec<String>>,
+
+    /// The node to maintain.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("nodeName is immutable: create a new NodeMaintenance instead"))]
+    #[schemars(length(min = 1))]
+    pub node_name: String,
+
+    /// Mark the node unschedulable before work starts (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = true))]
+    pub cordon: Option<bool>,
+
+    /// Wait for the selected pods to finish before draining; absent means no wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_pod_completion: Option<WaitForPodCompletionSpec>,
+
+    /// Evict pods from the node; absent means no drain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_spec: Option<DrainSpec>,
+}
+
+impl NodeMaintenanceSpec {
+    pub fn cordon(&self) -> bool {
+        self.cordon.unwrap_or(true)
+    }
+
+    pub fn additional_requestors(&self) -> &[String] {
+        self.additional_requestors.as_deref().unwrap_or_default()
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitForPodCompletionSpec {
+    /// Label selector (as `kubectl -l` takes it) of the pods to wait for; empty means all pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<String>,
+    /// How long to wait in seconds; 0 means forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 0), range(min = 0))]
+    pub timeout_seconds: Option<i32>,
+}
+
+impl WaitForPodCompletionSpec {
+    pub fn timeout_seconds(&self) -> u32 {
+        self.timeout_seconds.unwrap_or(0).max(0).unsigned_abs()
+    }
+}
+
+/// The default drain timeout in seconds.
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: i32 = 300;
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSpec {
+    /// Also evict pods that have no controller (they will not come back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = false))]
+    pub force: Option<bool>,
+    /// Label selector of the pods to evict; empty means all pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<String>,
+    /// Bound on the whole drain in seconds (default 300); 0 means forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 300), range(min = 0))]
+    pub timeout_seconds: Option<i32>,
+    /// Also evict pods that use emptyDir volumes (their data is lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = false))]
+    pub delete_empty_dir: Option<bool>,
+    /// Evict only pods matching one of these filters (OR-ed); empty means no filtering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_eviction_filters: Option<Vec<PodEvictionFilterEntry>>,
+}
+
+impl DrainSpec {
+    pub fn force(&self) -> bool {
+        self.force.unwrap_or(false)
+    }
+    pub fn delete_empty_dir(&self) -> bool {
+        self.delete_empty_dir.unwrap_or(false)
+    }
+    pub fn timeout_seconds(&self) -> u32 {
+        self.timeout_seconds
+            .unwrap_or(DEFAULT_DRAIN_TIMEOUT_SECONDS)
+            .max(0)
+            .unsigned_abs()
+    }
+    pub fn pod_eviction_filters(&self) -> &[PodEvictionFilterEntry] {
+        self.pod_eviction_filters.as_deref().unwrap_or_default()
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodEvictionFilterEntry {
+    /// Matches a pod when one of its containers requests a resource whose name matches this regex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_resource_name_regex: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeMaintenanceStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Pods (namespace/name) that waitForPodCompletion is still waiting for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wait_for_completion: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainStatus>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainStatus {
+    /// Pods on the node when the drain started.
+    pub total_pods: i32,
+    /// Pods the drain has to remove.
+    pub eviction_pods: i32,
+    /// Percent of `evictionPods` already gone.
+    pub drain_progress: i32,
+    /// Pods (namespace/name) still to be evicted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wait_for_eviction: Vec<String>,
+    /// Why each remaining pod is still there (our addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<BlockedPod>,
+}
+
+/// A pod the drain cannot remove yet, and why.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedPod {
+    /// namespace/name of the pod.
+    pub pod: String,
+    /// Short machine-readable cause: PDB, MultiplePDBs, NeedsForce, NeedsDeleteEmptyDir, Terminating, Error.
+    pub reason: String,
+    /// What a person needs to know, e.g. the PDB with its healthy counts.
+    pub message: String,
+}
+
+impl NodeMaintenance {
+    /// `namespace/name`, for messages and logs.
+    pub fn key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.metadata.namespace.as_deref().unwrap_or_default(),
+            self.metadata.name.as_deref().unwrap_or_default()
+        )
+    }
+
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+    }
+
+    /// The phase from the `Ready` condition; no status (or an unknown reason) counts as Pending.
+    pub fn phase(&self) -> Phase {
+        self.condition(condition_type::READY)
+            .and_then(|c| Phase::parse(&c.reason))
+            .unwrap_or(Phase::Pending)
+    }
+
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+}

@@ -1,0 +1,3 @@
+fn main() {
+    print!("{}", maintenance_crds::crd_yaml().unwrap());
+}
