@@ -51,12 +51,12 @@ pub struct MaintenanceOperatorConfigSpec {
     /// Our addition: eviction calls per second across all nodes (default 50).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
-    pub evictions_per_second: Option<u32>,
+    pub evictions_per_second: Option<i32>,
 
     /// Our addition: eviction calls allowed in a burst above the rate (default 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
-    pub eviction_burst: Option<u32>,
+    pub eviction_burst: Option<i32>,
 }
 
 impl MaintenanceOperatorConfigSpec {
@@ -67,11 +67,11 @@ impl MaintenanceOperatorConfigSpec {
     }
     pub fn evictions_per_second(&self) -> u32 {
         self.evictions_per_second
-            .unwrap_or(DEFAULT_EVICTIONS_PER_SECOND)
-            .max(1)
+            .map_or(DEFAULT_EVICTIONS_PER_SECOND, |v| v.max(1).unsigned_abs())
     }
     pub fn eviction_burst(&self) -> u32 {
-        self.eviction_burst.unwrap_or(DEFAULT_EVICTION_BURST).max(1)
+        self.eviction_burst
+            .map_or(DEFAULT_EVICTION_BURST, |v| v.max(1).unsigned_abs())
     }
 }
 

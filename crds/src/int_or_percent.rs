@@ -1,7 +1,7 @@
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// Why an int-or-percent limit could not be read.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum IntOrPercentError {
     #[error("{field}: {value:?} is neither a non-negative integer nor a percentage like \"10%\"")]
     Malformed { field: &'static str, value: String },

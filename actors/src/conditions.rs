@@ -1,0 +1,115 @@
+//! Pure edits of `status.conditions`: the phase lives in the `Ready` condition's reason, and its
+//! `lastTransitionTime` marks when the phase was entered, so time-in-phase and timeouts are read
+//! from the object itself and survive a restart.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use maintenance_crds::{NodeMaintenance, Phase, condition_type};
+
+/// Sets (or replaces) a condition; `lastTransitionTime` moves only when status or reason change.
+pub fn upsert_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: jiff::Timestamp,
+    generation: Option<i64>,
+) {
+    let status = if status { "True" } else { "False" };
+    if let Some(existing) = conditions.iter_mut().find(|c| c.type_ == type_) {
+        if existing.status != status || existing.reason != reason {
+            existing.last_transition_time = Time(now);
+        }
+        existing.status = status.to_string();
+        existing.reason = reason.to_string();
+        existing.message = message.to_string();
+        existing.observed_generation = generation;
+    } else {
+        conditions.push(Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message: message.to_string(),
+            last_transition_time: Time(now),
+            observed_generation: generation,
+        });
+    }
+}
+
+pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) -> bool {
+    let before = conditions.len();
+    conditions.retain(|c| c.type_ != type_);
+    before != conditions.len()
+}
+
+/// The `Ready` condition for a phase: True only in `Ready`.
+pub fn set_phase(
+    conditions: &mut Vec<Condition>,
+    phase: Phase,
+    message: &str,
+    now: jiff::Timestamp,
+    generation: Option<i64>,
+) {
+    upsert_condition(
+        conditions,
+        condition_type::READY,
+        phase == Phase::Ready,
+        phase.as_str(),
+        message,
+        now,
+        generation,
+    );
+}
+
+/// When the request entered its current phase (from the `Ready` condition).
+pub fn phase_since(nm: &NodeMaintenance) -> Option<jiff::Timestamp> {
+    nm.condition(condition_type::READY)
+        .map(|c| c.last_transition_time.0)
+}
+
+/// True when the requestor has reported that its own work on the node failed.
+pub fn requestor_failed(nm: &NodeMaintenance) -> bool {
+    nm.condition(condition_type::REQUESTOR_FAILED)
+        .is_some_and(|c| c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(secs: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(secs).expect("valid timestamp")
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_change() {
+        let mut conditions = Vec::new();
+        set_phase(&mut conditions, Phase::Pending, "", ts(10), None);
+        set_phase(&mut conditions, Phase::Pending, "still", ts(20), None);
+        assert_eq!(conditions[0].last_transition_time.0, ts(10));
+        assert_eq!(conditions[0].message, "still");
+        set_phase(&mut conditions, Phase::Ready, "", ts(30), None);
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0].status, "True");
+        assert_eq!(conditions[0].reason, "Ready");
+        assert_eq!(conditions[0].last_transition_time.0, ts(30));
+    }
+
+    #[test]
+    fn other_conditions_are_kept() {
+        let mut conditions = Vec::new();
+        upsert_condition(
+            &mut conditions,
+            condition_type::REQUESTOR_FAILED,
+            true,
+            "Failed",
+            "",
+            ts(1),
+            None,
+        );
+        set_phase(&mut conditions, Phase::Draining, "", ts(2), None);
+        assert_eq!(conditions.len(), 2);
+        assert!(remove_condition(&mut conditions, condition_type::REQUESTOR_FAILED));
+        assert_eq!(conditions.len(), 1);
+    }
+}

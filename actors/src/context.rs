@@ -1,0 +1,170 @@
+//! What every actor shares: clients, the eviction executor, metrics, the event recorder, and the
+//! few API writes that several actors make (status, events).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Resource, ResourceExt};
+use maintenance_crds::{NodeMaintenance, NodeMaintenanceStatus, Phase};
+
+use crate::conditions;
+use crate::drain_plan::OperatorIdentity;
+use crate::evictor::Evictor;
+use crate::metrics::Metrics;
+
+/// Name of this controller in Events and field managers.
+pub const CONTROLLER_NAME: &str = "maintenance-operator";
+
+pub struct Context {
+    pub client: kube::Client,
+    pub evictor: Evictor,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    /// Where the operator runs: its config `default` lives here.
+    pub namespace: String,
+    /// The operator's own pods, never evicted.
+    pub identity: OperatorIdentity,
+    /// Safety-net period of the supervisor's scheduling round.
+    pub tick: Duration,
+    /// Set once the supervisor's caches are synced (for `/readyz`).
+    pub synced: AtomicBool,
+}
+
+impl Context {
+    pub fn new(
+        client: kube::Client,
+        evictor: Evictor,
+        metrics: Arc<Metrics>,
+        namespace: String,
+        pod_name: Option<String>,
+        tick: Duration,
+    ) -> Context {
+        let reporter = Reporter {
+            controller: CONTROLLER_NAME.to_string(),
+            instance: pod_name.clone(),
+        };
+        let identity = OperatorIdentity::new(namespace.clone(), pod_name);
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            evictor,
+            metrics,
+            namespace,
+            identity,
+            tick,
+            synced: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    pub fn error(&self, step: &str) {
+        self.metrics.errors_total.with_label_values(&[step]).inc();
+    }
+
+    /// Publishes an Event on the request; failures are only logged (events are best effort).
+    pub async fn event(&self, nm: &NodeMaintenance, warning: bool, reason: &str, note: String) {
+        let reference: ObjectReference = nm.object_ref(&());
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_string(),
+            note: Some(note),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&event, &reference).await {
+            tracing::warn!(request = %nm.key(), %err, "could not publish event");
+            self.error("event");
+        }
+    }
+
+    /// Writes the whole status, guarded by the resourceVersion we read, so a concurrent writer
+    /// (the requestor setting RequestorFailed) is never overwritten: a conflict returns an error
+    /// and the caller re-reads.
+    pub async fn write_status(
+        &self,
+        nm: &NodeMaintenance,
+        status: &NodeMaintenanceStatus,
+    ) -> Result<NodeMaintenance, kube::Error> {
+        let api: Api<NodeMaintenance> =
+            Api::namespaced(self.client.clone(), &nm.namespace().unwrap_or_default());
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": nm.resource_version() },
+            "status": status,
+        });
+        api.patch_status(
+            &nm.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    }
+
+    /// Moves a request to `phase` (keeping every other condition), records the metrics and
+    /// publishes an Event. Returns the object as the API server now has it.
+    pub async fn transition(
+        &self,
+        nm: &NodeMaintenance,
+        phase: Phase,
+        message: &str,
+        edit: impl FnOnce(&mut NodeMaintenanceStatus),
+    ) -> Result<NodeMaintenance, kube::Error> {
+        let from = nm.phase();
+        let had_ready_condition = nm
+            .condition(maintenance_crds::condition_type::READY)
+            .is_some();
+        let since = conditions::phase_since(nm);
+        let now = jiff::Timestamp::now();
+        let mut status = nm.status.clone().unwrap_or_default();
+        conditions::set_phase(
+            &mut status.conditions,
+            phase,
+            message,
+            now,
+            nm.metadata.generation,
+        );
+        edit(&mut status);
+        let updated = self.write_status(nm, &status).await?;
+        if from != phase || !had_ready_condition {
+            if let Some(since) = since.filter(|_| had_ready_condition) {
+                let seconds = now.duration_since(since).as_secs_f64().max(0.0);
+                self.metrics
+                    .phase_duration_seconds
+                    .with_label_values(&[from.as_str()])
+                    .observe(seconds);
+            }
+            self.metrics
+                .phase_transitions_total
+                .with_label_values(&[from.as_str(), phase.as_str()])
+                .inc();
+            tracing::info!(request = %nm.key(), node = %nm.spec.node_name, from = %from, to = %phase, "phase changed");
+            let note = if message.is_empty() {
+                format!("{} is now {phase}", nm.spec.node_name)
+            } else {
+                format!("{} is now {phase}: {message}", nm.spec.node_name)
+            };
+            self.event(&updated, false, phase.as_str(), note).await;
+        }
+        Ok(updated)
+    }
+}
+
+/// True when a kube error is a 409 Conflict (our copy of the object was stale).
+pub fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 409)
+}
+
+/// True when a kube error is a 404 Not Found.
+pub fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 404)
+}

@@ -1,0 +1,265 @@
+//! The one eviction executor shared by every node actor: a global rate limit on Eviction API
+//! calls (protecting the API server) and a precise reading of each answer.
+
+use std::num::NonZeroU32;
+use std::sync::{Arc, RwLock};
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
+
+use crate::metrics::Metrics;
+
+/// What the API server said to one eviction call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EvictionOutcome {
+    /// Accepted: the pod is terminating now.
+    Evicted,
+    /// The pod no longer exists, or was replaced by one with another UID.
+    Gone,
+    /// A PodDisruptionBudget (or the API server's own rate limit) refuses for now (429).
+    Refused {
+        pdb: Option<String>,
+        message: String,
+    },
+    /// Several PodDisruptionBudgets select the pod (500): the API server cannot decide.
+    MultiplePdbs { message: String },
+    /// Anything else: network trouble, forbidden, server error.
+    Error { code: Option<u16>, message: String },
+}
+
+impl EvictionOutcome {
+    fn metric_labels(&self) -> (&'static str, String) {
+        match self {
+            EvictionOutcome::Evicted => ("evicted", "201".into()),
+            EvictionOutcome::Gone => ("gone", "404".into()),
+            EvictionOutcome::Refused { .. } => ("refused", "429".into()),
+            EvictionOutcome::MultiplePdbs { .. } => ("multiple_pdbs", "500".into()),
+            EvictionOutcome::Error { code, .. } => (
+                "error",
+                code.map_or_else(|| "none".to_string(), |c| c.to_string()),
+            ),
+        }
+    }
+}
+
+/// The eviction rate in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictionRate {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+pub struct Evictor {
+    /// Must be built with `default_retry = false`: kube's own retry of 429s would hide a PDB's
+    /// refusal inside the client for minutes instead of letting us back off per pod.
+    client: kube::Client,
+    limiter: RwLock<(EvictionRate, Arc<DefaultDirectRateLimiter>)>,
+    metrics: Arc<Metrics>,
+}
+
+fn limiter_for(rate: EvictionRate) -> Arc<DefaultDirectRateLimiter> {
+    let per_second = NonZeroU32::new(rate.per_second).unwrap_or(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
+    Arc::new(RateLimiter::direct(
+        Quota::per_second(per_second).allow_burst(burst),
+    ))
+}
+
+impl Evictor {
+    pub fn new(client: kube::Client, rate: EvictionRate, metrics: Arc<Metrics>) -> Evictor {
+        Evictor {
+            client,
+            limiter: RwLock::new((rate, limiter_for(rate))),
+            metrics,
+        }
+    }
+
+    /// Applies a new rate from the config; a no-op when it did not change.
+    pub fn set_rate(&self, rate: EvictionRate) {
+        let Ok(mut guard) = self.limiter.write() else {
+            return;
+        };
+        if guard.0 != rate {
+            tracing::info!(
+                per_second = rate.per_second,
+                burst = rate.burst,
+                "eviction rate changed"
+            );
+            *guard = (rate, limiter_for(rate));
+        }
+    }
+
+    pub fn rate(&self) -> Option<EvictionRate> {
+        self.limiter.read().ok().map(|g| g.0)
+    }
+
+    fn current_limiter(&self) -> Option<Arc<DefaultDirectRateLimiter>> {
+        self.limiter.read().ok().map(|g| g.1.clone())
+    }
+
+    /// Evicts one pod, waiting for the global rate limit first. `uid` guards against evicting a
+    /// new pod that took the old one's name.
+    pub async fn evict(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        is_retry: bool,
+    ) -> EvictionOutcome {
+        if let Some(limiter) = self.current_limiter() {
+            limiter.until_ready().await;
+        }
+        if is_retry {
+            self.metrics.eviction_retries_total.inc();
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: uid.map(|uid| Preconditions {
+                    uid: Some(uid.to_string()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            }),
+            ..EvictParams::default()
+        };
+        let outcome = classify(pods.evict(name, &params).await);
+        let (result, code) = outcome.metric_labels();
+        self.metrics
+            .eviction_requests_total
+            .with_label_values(&[result, &code])
+            .inc();
+        outcome
+    }
+}
+
+fn classify(result: Result<kube::core::response::Status, kube::Error>) -> EvictionOutcome {
+    match result {
+        Ok(_) => EvictionOutcome::Evicted,
+        Err(kube::Error::Api(status)) => match status.code {
+            404 => EvictionOutcome::Gone,
+            // The UID precondition failed: the pod we meant is gone and another took its name.
+            409 if status.message.contains("UID") || status.message.contains("uid") => {
+                EvictionOutcome::Gone
+            }
+            429 => EvictionOutcome::Refused {
+                pdb: pdb_name_from_status(&status),
+                message: refusal_message(&status),
+            },
+            500 if status.message.contains("more than one PodDisruptionBudget") => {
+                EvictionOutcome::MultiplePdbs {
+                    message: status.message.clone(),
+                }
+            }
+            code => EvictionOutcome::Error {
+                code: Some(code),
+                message: status.message.clone(),
+            },
+        },
+        Err(other) => EvictionOutcome::Error {
+            code: None,
+            message: other.to_string(),
+        },
+    }
+}
+
+/// The API server names the PDB in a `DisruptionBudget` cause:
+/// "The disruption budget web needs 9 healthy pods and has 9 currently".
+fn pdb_name_from_status(status: &kube::core::response::Status) -> Option<String> {
+    status
+        .details
+        .as_ref()?
+        .causes
+        .iter()
+        .filter(|c| c.reason == "DisruptionBudget")
+        .find_map(|c| pdb_name_from_message(&c.message))
+}
+
+fn pdb_name_from_message(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("The disruption budget ")?;
+    rest.split_whitespace().next().map(str::to_string)
+}
+
+fn refusal_message(status: &kube::core::response::Status) -> String {
+    let causes: Vec<&str> = status
+        .details
+        .iter()
+        .flat_map(|d| d.causes.iter())
+        .map(|c| c.message.as_str())
+        .filter(|m| !m.is_empty())
+        .collect();
+    if causes.is_empty() {
+        status.message.clone()
+    } else {
+        format!("{} ({})", status.message, causes.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::response::{Status, StatusCause, StatusDetails};
+
+    fn api_error(code: u16, message: &str, causes: Vec<StatusCause>) -> kube::Error {
+        kube::Error::Api(
+            Status::failure(message, "")
+                .with_code(code)
+                .with_details(StatusDetails {
+                    causes,
+                    ..StatusDetails::default()
+                })
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_pdb_refusal_names_the_budget() {
+        let cause = StatusCause {
+            reason: "DisruptionBudget".into(),
+            message: "The disruption budget web needs 9 healthy pods and has 9 currently".into(),
+            field: String::new(),
+        };
+        let outcome = classify(Err(api_error(
+            429,
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+            vec![cause],
+        )));
+        let EvictionOutcome::Refused { pdb, message } = outcome else {
+            panic!("expected a refusal, got {outcome:?}");
+        };
+        assert_eq!(pdb.as_deref(), Some("web"));
+        assert!(message.contains("needs 9 healthy pods"), "{message}");
+    }
+
+    #[test]
+    fn codes_map_to_outcomes() {
+        assert_eq!(
+            classify(Err(api_error(404, "not found", vec![]))),
+            EvictionOutcome::Gone
+        );
+        assert_eq!(
+            classify(Err(api_error(
+                409,
+                "Precondition failed: UID in precondition: a, UID in object meta: b",
+                vec![]
+            ))),
+            EvictionOutcome::Gone
+        );
+        assert!(matches!(
+            classify(Err(api_error(
+                500,
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+                vec![]
+            ))),
+            EvictionOutcome::MultiplePdbs { .. }
+        ));
+        assert!(matches!(
+            classify(Err(api_error(403, "forbidden", vec![]))),
+            EvictionOutcome::Error {
+                code: Some(403),
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,227 @@
+//! Prometheus metrics of the engine. Every name starts with `maintenance_operator_`; the Grafana
+//! dashboard and alert rules in `grafana/` are tested against [`Metrics::metric_names`].
+
+use prometheus::{
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry,
+};
+
+/// Why a metric could not be registered (only on a programming error: duplicate names).
+pub type MetricsError = prometheus::Error;
+
+const PREFIX: &str = "maintenance_operator";
+
+/// Buckets for phases and drains: from a second to a few hours.
+const LONG_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+    7200.0,
+];
+/// Buckets for one scheduler round: microseconds to a second.
+const FAST_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// Requests by phase (the reason of their Ready condition).
+    pub requests: IntGaugeVecByPhase,
+    /// Time a request spent in a phase, observed when it leaves the phase.
+    pub phase_duration_seconds: HistogramVec,
+    /// Phase transitions made by the operator.
+    pub phase_transitions_total: IntCounterVec,
+    pub scheduler_runs_total: IntCounter,
+    pub scheduler_run_duration_seconds: Histogram,
+    pub available_slots: IntGauge,
+    /// -1 when maxUnavailable is unset (no limit).
+    pub can_become_unavailable: IntGauge,
+    pub requests_admitted_total: IntCounter,
+    /// Eviction calls by result (evicted, gone, refused, error) and HTTP code.
+    pub eviction_requests_total: IntCounterVec,
+    pub eviction_retries_total: IntCounter,
+    /// Pods currently refused eviction by a PodDisruptionBudget, by namespace and PDB.
+    pub pods_blocked_by_pdb: GaugeVec,
+    pub drain_duration_seconds: Histogram,
+    /// Seconds since a node under maintenance last made progress.
+    pub seconds_since_progress: GaugeVec,
+    pub node_actors: IntGauge,
+    pub actor_restarts_total: IntCounter,
+    /// Failed API calls by the step that made them.
+    pub errors_total: IntCounterVec,
+    /// 1 while this process is the leader (or runs without election).
+    pub leader: Gauge,
+}
+
+/// A gauge vector labelled by phase.
+pub type IntGaugeVecByPhase = prometheus::IntGaugeVec;
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(format!("{PREFIX}_{name}"), help)
+}
+
+fn hist(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
+    HistogramOpts::new(format!("{PREFIX}_{name}"), help).buckets(buckets.to_vec())
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, MetricsError> {
+        let registry = Registry::new();
+        let m = Metrics {
+            requests: prometheus::IntGaugeVec::new(
+                opts("requests", "NodeMaintenance requests by phase"),
+                &["phase"],
+            )?,
+            phase_duration_seconds: HistogramVec::new(
+                hist(
+                    "phase_duration_seconds",
+                    "Time a request spent in a phase",
+                    LONG_BUCKETS,
+                ),
+                &["phase"],
+            )?,
+            phase_transitions_total: IntCounterVec::new(
+                opts(
+                    "phase_transitions_total",
+                    "Phase transitions made by the operator",
+                ),
+                &["from", "to"],
+            )?,
+            scheduler_runs_total: IntCounter::with_opts(opts(
+                "scheduler_runs_total",
+                "Scheduling rounds run",
+            ))?,
+            scheduler_run_duration_seconds: Histogram::with_opts(hist(
+                "scheduler_run_duration_seconds",
+                "Duration of one scheduling round (snapshot, decision and admission writes)",
+                FAST_BUCKETS,
+            ))?,
+            available_slots: IntGauge::with_opts(opts(
+                "available_slots",
+                "maxParallelOperations minus nodes in maintenance, at the last round",
+            ))?,
+            can_become_unavailable: IntGauge::with_opts(opts(
+                "can_become_unavailable",
+                "maxUnavailable minus unavailable nodes at the last round; -1 when unlimited",
+            ))?,
+            requests_admitted_total: IntCounter::with_opts(opts(
+                "requests_admitted_total",
+                "Requests moved from Pending to Scheduled",
+            ))?,
+            eviction_requests_total: IntCounterVec::new(
+                opts(
+                    "eviction_requests_total",
+                    "Eviction API calls by result and HTTP code",
+                ),
+                &["result", "code"],
+            )?,
+            eviction_retries_total: IntCounter::with_opts(opts(
+                "eviction_retries_total",
+                "Eviction calls that were a retry of a refused or failed one",
+            ))?,
+            pods_blocked_by_pdb: GaugeVec::new(
+                opts(
+                    "pods_blocked_by_pdb",
+                    "Pods whose last eviction a PodDisruptionBudget refused",
+                ),
+                &["namespace", "pdb"],
+            )?,
+            drain_duration_seconds: Histogram::with_opts(hist(
+                "drain_duration_seconds",
+                "Time from the start of a drain until no pod is left to evict",
+                LONG_BUCKETS,
+            ))?,
+            seconds_since_progress: GaugeVec::new(
+                opts(
+                    "seconds_since_progress",
+                    "Seconds since a node under maintenance last made progress",
+                ),
+                &["node"],
+            )?,
+            node_actors: IntGauge::with_opts(opts(
+                "node_actors",
+                "Node actors running (one per request in progress)",
+            ))?,
+            actor_restarts_total: IntCounter::with_opts(opts(
+                "actor_restarts_total",
+                "Node actors restarted after a failure",
+            ))?,
+            errors_total: IntCounterVec::new(
+                opts("errors_total", "Failed API calls by step"),
+                &["step"],
+            )?,
+            leader: Gauge::with_opts(opts(
+                "leader",
+                "1 while this process leads (admits and evicts)",
+            ))?,
+            registry,
+        };
+        m.register_all()?;
+        for phase in maintenance_crds::Phase::ALL {
+            m.requests.with_label_values(&[phase.as_str()]).set(0);
+        }
+        Ok(m)
+    }
+
+    fn register_all(&self) -> Result<(), MetricsError> {
+        let r = &self.registry;
+        r.register(Box::new(self.requests.clone()))?;
+        r.register(Box::new(self.phase_duration_seconds.clone()))?;
+        r.register(Box::new(self.phase_transitions_total.clone()))?;
+        r.register(Box::new(self.scheduler_runs_total.clone()))?;
+        r.register(Box::new(self.scheduler_run_duration_seconds.clone()))?;
+        r.register(Box::new(self.available_slots.clone()))?;
+        r.register(Box::new(self.can_become_unavailable.clone()))?;
+        r.register(Box::new(self.requests_admitted_total.clone()))?;
+        r.register(Box::new(self.eviction_requests_total.clone()))?;
+        r.register(Box::new(self.eviction_retries_total.clone()))?;
+        r.register(Box::new(self.pods_blocked_by_pdb.clone()))?;
+        r.register(Box::new(self.drain_duration_seconds.clone()))?;
+        r.register(Box::new(self.seconds_since_progress.clone()))?;
+        r.register(Box::new(self.node_actors.clone()))?;
+        r.register(Box::new(self.actor_restarts_total.clone()))?;
+        r.register(Box::new(self.errors_total.clone()))?;
+        r.register(Box::new(self.leader.clone()))?;
+        Ok(())
+    }
+
+    /// The exposition text for `/metrics`.
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut buf = Vec::new();
+        // TextEncoder only fails on a writer error, and a Vec never fails.
+        let _ = prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// Every metric family name the operator exports (histograms as their base name).
+    pub fn metric_names(&self) -> Vec<String> {
+        self.registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_metric_is_registered_with_the_prefix() {
+        let m = super::Metrics::new().expect("metrics register");
+        m.errors_total.with_label_values(&["x"]).inc();
+        m.eviction_requests_total
+            .with_label_values(&["evicted", "201"])
+            .inc();
+        m.pods_blocked_by_pdb.with_label_values(&["ns", "p"]).set(1.0);
+        m.seconds_since_progress.with_label_values(&["n"]).set(1.0);
+        m.phase_duration_seconds
+            .with_label_values(&["Draining"])
+            .observe(1.0);
+        m.phase_transitions_total
+            .with_label_values(&["Pending", "Scheduled"])
+            .inc();
+        let names = m.metric_names();
+        assert_eq!(names.len(), 17, "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
+        assert!(m.render().contains("maintenance_operator_requests{phase=\"Pending\"} 0"));
+    }
+}

@@ -1,0 +1,453 @@
+//! The supervisor: one per operator (on the leader). It owns the caches of requests, nodes and the
+//! config, alone admits requests (Pending -> Scheduled) through the pure scheduler, and runs one
+//! linked [`NodeActor`] per request in progress, restarting failed ones with backoff.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use maintenance_crds::{
+    DEFAULT_CONFIG_NAME, FINALIZER, MaintenanceOperatorConfig, NodeMaintenance, Phase,
+    condition_type,
+};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::time::Instant;
+
+use crate::context::{Context, is_conflict, is_not_found};
+use crate::evictor::EvictionRate;
+use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
+use crate::scheduler::{self, Limits, Snapshot};
+use crate::task::AbortOnDrop;
+
+/// Writes of the initial Pending status made concurrently in one round.
+const PARALLEL_WRITES: usize = 16;
+/// Restart backoff for a node actor that failed.
+const RESTART_MIN: Duration = Duration::from_millis(500);
+const RESTART_MAX: Duration = Duration::from_secs(60);
+
+pub enum SupervisorMsg {
+    /// A watched object changed.
+    Changed,
+    /// The safety-net period passed.
+    Tick,
+}
+
+pub struct Supervisor;
+
+pub struct SupervisorState {
+    ctx: Arc<Context>,
+    requests: Store<NodeMaintenance>,
+    nodes: Store<Node>,
+    configs: Store<MaintenanceOperatorConfig>,
+    _watches: Vec<AbortOnDrop>,
+    /// One actor per request in progress, by request UID.
+    actors: HashMap<String, ActorRef<NodeMsg>>,
+    /// The resourceVersion last forwarded to each actor.
+    forwarded: HashMap<String, String>,
+    /// Requests we admitted whose Scheduled status the cache has not shown yet: counted as in
+    /// maintenance so a fast second round never admits past the limits.
+    admitted: HashSet<String>,
+    /// Failed actors and when they may start again.
+    restarts: HashMap<String, (u32, Instant)>,
+    change_queued: Arc<AtomicBool>,
+}
+
+fn spawn_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    strip: impl FnMut(&mut K) + Send + 'static,
+    supervisor: ActorRef<SupervisorMsg>,
+    queued: Arc<AtomicBool>,
+) -> (Store<K>, AbortOnDrop)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config).modify(strip))
+        .default_backoff()
+        .touched_objects();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => {
+                    // Coalesce: one Changed in the mailbox stands for any number of events.
+                    if !queued.swap(true, Ordering::AcqRel) {
+                        let _ = supervisor.cast(SupervisorMsg::Changed);
+                    }
+                }
+                Err(err) => tracing::warn!(%err, "watch error; retrying with backoff"),
+            }
+        }
+    });
+    (store, AbortOnDrop(task))
+}
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = Arc<Context>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        ctx: Arc<Context>,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let queued = Arc::new(AtomicBool::new(false));
+        let client = ctx.client.clone();
+        let (requests, w1) = spawn_watch(
+            Api::<NodeMaintenance>::all(client.clone()),
+            watcher::Config::default(),
+            |o| o.managed_fields_mut().clear(),
+            myself.clone(),
+            queued.clone(),
+        );
+        // Nodes are the big objects: keep only what decisions need.
+        let (nodes, w2) = spawn_watch(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            |node| {
+                node.managed_fields_mut().clear();
+                node.annotations_mut().clear();
+                if let Some(status) = node.status.as_mut() {
+                    status.images = None;
+                    status.volumes_attached = None;
+                    status.volumes_in_use = None;
+                    status.node_info = None;
+                    status.capacity = None;
+                    status.allocatable = None;
+                    status.addresses = None;
+                    status.daemon_endpoints = None;
+                }
+            },
+            myself.clone(),
+            queued.clone(),
+        );
+        let (configs, w3) = spawn_watch(
+            Api::<MaintenanceOperatorConfig>::namespaced(
+                client.clone(),
+                &ctx.namespace,
+            ),
+            watcher::Config::default().fields(&format!("metadata.name={DEFAULT_CONFIG_NAME}")),
+            |o| o.managed_fields_mut().clear(),
+            myself.clone(),
+            queued.clone(),
+        );
+        for (what, ready) in [
+            ("NodeMaintenances", requests.wait_until_ready().await),
+            ("Nodes", nodes.wait_until_ready().await),
+            ("MaintenanceOperatorConfig", configs.wait_until_ready().await),
+        ] {
+            ready.map_err(|_| format!("the {what} watch stopped before its first list"))?;
+        }
+        ctx.synced.store(true, Ordering::Relaxed);
+        tracing::info!(namespace = %ctx.namespace, "caches synced; supervisor running");
+        myself.send_after(ctx.tick, || SupervisorMsg::Tick);
+        let _ = myself.cast(SupervisorMsg::Changed);
+        Ok(SupervisorState {
+            ctx,
+            requests,
+            nodes,
+            configs,
+            _watches: vec![w1, w2, w3],
+            actors: HashMap::new(),
+            forwarded: HashMap::new(),
+            admitted: HashSet::new(),
+            restarts: HashMap::new(),
+            change_queued: queued,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Changed => state.change_queued.store(false, Ordering::Release),
+            // Re-armed each time, so a slow round never piles up ticks.
+            SupervisorMsg::Tick => {
+                myself.send_after(state.ctx.tick, || SupervisorMsg::Tick);
+            }
+        }
+        round(&myself, state).await;
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Never let one request's failure stop the supervisor (ractor's default would).
+        match event {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                let id = cell.get_id();
+                state.actors.retain(|uid, actor| {
+                    let gone = actor.get_id() == id;
+                    if gone {
+                        tracing::debug!(%uid, ?reason, "node actor finished");
+                    }
+                    !gone
+                });
+            }
+            SupervisionEvent::ActorFailed(cell, err) => {
+                let id = cell.get_id();
+                let failed: Vec<String> = state
+                    .actors
+                    .iter()
+                    .filter(|(_, a)| a.get_id() == id)
+                    .map(|(uid, _)| uid.clone())
+                    .collect();
+                for uid in failed {
+                    state.actors.remove(&uid);
+                    state.forwarded.remove(&uid);
+                    let attempts = state.restarts.get(&uid).map_or(0, |(n, _)| *n) + 1;
+                    let delay = (RESTART_MIN * 2u32.saturating_pow(attempts.min(10))).min(RESTART_MAX);
+                    tracing::error!(%uid, %err, restart_in = ?delay, "node actor failed; restarting");
+                    state.ctx.metrics.actor_restarts_total.inc();
+                    state
+                        .restarts
+                        .insert(uid, (attempts, Instant::now() + delay));
+                    myself.send_after(delay, || SupervisorMsg::Changed);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// One scheduling round: initial status for new requests, admission, and node actors in step
+/// with the requests.
+async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
+    let started = Instant::now();
+    let ctx = state.ctx.clone();
+    let requests = state.requests.state();
+    let nodes = state.nodes.state();
+    let config = state.configs.get(&reflector::ObjectRef::new(DEFAULT_CONFIG_NAME).within(&ctx.namespace));
+    let config_spec = config.as_ref().map(|c| c.spec.clone());
+
+    ctx.evictor.set_rate(EvictionRate {
+        per_second: config_spec.as_ref().map_or(
+            maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND,
+            |c| c.evictions_per_second(),
+        ),
+        burst: config_spec
+            .as_ref()
+            .map_or(maintenance_crds::DEFAULT_EVICTION_BURST, |c| c.eviction_burst()),
+    });
+
+    // The cache has caught up with admissions it now shows past Pending (or gone).
+    state.admitted.retain(|uid| {
+        requests
+            .iter()
+            .any(|r| r.uid().as_deref() == Some(uid.as_str()) && r.phase() == Phase::Pending)
+    });
+
+    mark_new_requests_pending(&ctx, &requests).await;
+
+    let limits = Limits::from_config(config_spec.as_ref());
+    let mut snapshot = Snapshot::from_objects(nodes.iter().map(|n| &**n), requests.iter().map(|r| &**r));
+    for request in &mut snapshot.requests {
+        let admitted = requests.iter().any(|r| {
+            r.uid().is_some_and(|u| state.admitted.contains(&u))
+                && r.namespace().as_deref() == Some(request.namespace.as_str())
+                && r.name_any() == request.name
+        });
+        if admitted {
+            request.phase = Phase::Scheduled;
+        }
+    }
+    update_phase_gauge(&ctx, &requests);
+    match scheduler::schedule(&snapshot, &limits) {
+        Ok(decision) => {
+            ctx.metrics.available_slots.set(i64::from(decision.available_slots));
+            ctx.metrics
+                .can_become_unavailable
+                .set(decision.can_become_unavailable.map_or(-1, i64::from));
+            for key in &decision.scheduled {
+                let Some(request) = requests.iter().find(|r| {
+                    r.namespace().as_deref() == Some(key.namespace.as_str()) && r.name_any() == key.name
+                }) else {
+                    continue;
+                };
+                match admit(&ctx, request).await {
+                    Ok(admitted) => {
+                        if let Some(uid) = admitted.uid() {
+                            state.admitted.insert(uid);
+                        }
+                        ctx.metrics.requests_admitted_total.inc();
+                    }
+                    Err(err) if is_conflict(&err) || is_not_found(&err) => {
+                        // Changed under us: the next round sees the new version.
+                        let _ = myself.cast(SupervisorMsg::Changed);
+                    }
+                    Err(err) => {
+                        tracing::warn!(request = %request.key(), %err, "could not admit request; will retry");
+                        ctx.error("admit");
+                    }
+                }
+            }
+        }
+        Err(err) => {
+            tracing::error!(%err, "cannot schedule: fix the MaintenanceOperatorConfig");
+            ctx.error("schedule");
+        }
+    }
+
+    sync_actors(myself, state, &requests).await;
+    ctx.metrics.scheduler_runs_total.inc();
+    ctx.metrics
+        .scheduler_run_duration_seconds
+        .observe(started.elapsed().as_secs_f64());
+}
+
+fn update_phase_gauge(ctx: &Context, requests: &[Arc<NodeMaintenance>]) {
+    let mut counts: HashMap<Phase, i64> = Phase::ALL.iter().map(|p| (*p, 0)).collect();
+    for request in requests {
+        *counts.entry(request.phase()).or_default() += 1;
+    }
+    for (phase, count) in counts {
+        ctx.metrics
+            .requests
+            .with_label_values(&[phase.as_str()])
+            .set(count);
+    }
+}
+
+/// New requests get a Pending condition at once, so `kubectl get nm` shows them as waiting.
+async fn mark_new_requests_pending(ctx: &Arc<Context>, requests: &[Arc<NodeMaintenance>]) {
+    let new: Vec<Arc<NodeMaintenance>> = requests
+        .iter()
+        .filter(|r| !r.is_deleting() && r.condition(condition_type::READY).is_none())
+        .cloned()
+        .collect();
+    futures::stream::iter(new)
+        .for_each_concurrent(PARALLEL_WRITES, |request| {
+            let ctx = ctx.clone();
+            async move {
+                match ctx
+                    .transition(&request, Phase::Pending, "waiting for admission", |_| {})
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(err) if is_conflict(&err) || is_not_found(&err) => {}
+                    Err(err) => {
+                        tracing::warn!(request = %request.key(), %err, "could not set Pending");
+                        ctx.error("pending");
+                    }
+                }
+            }
+        })
+        .await;
+}
+
+/// Pending -> Scheduled: finalizer and the node as owner first (so cleanup is guaranteed and
+/// deleting the node removes the request), then the status.
+async fn admit(ctx: &Context, request: &NodeMaintenance) -> Result<NodeMaintenance, kube::Error> {
+    let api: Api<NodeMaintenance> =
+        Api::namespaced(ctx.client.clone(), &request.namespace().unwrap_or_default());
+    let mut finalizers: Vec<String> = request.finalizers().to_vec();
+    if !finalizers.iter().any(|f| f == FINALIZER) {
+        finalizers.push(FINALIZER.to_string());
+    }
+    let node: Option<Node> = Api::<Node>::all(ctx.client.clone())
+        .get_opt(&request.spec.node_name)
+        .await?;
+    let mut owners = request.owner_references().to_vec();
+    if let Some(node_ref) = node.as_ref().and_then(|n| n.controller_owner_ref(&()).map(|mut o| {
+        // An owner, not a controller: the node does not manage the request.
+        o.controller = None;
+        o.block_owner_deletion = None;
+        o
+    })) {
+        if !owners.iter().any(|o| o.uid == node_ref.uid) {
+            owners.push(node_ref);
+        }
+    }
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": request.resource_version(),
+            "finalizers": finalizers,
+            "ownerReferences": owners,
+        }
+    });
+    let with_finalizer = api
+        .patch(&request.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    ctx.transition(&with_finalizer, Phase::Scheduled, "admitted", |_| {})
+        .await
+}
+
+/// Keeps one node actor per request in progress and forwards each new version to it.
+async fn sync_actors(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    requests: &[Arc<NodeMaintenance>],
+) {
+    let mut live: HashSet<String> = HashSet::new();
+    for request in requests {
+        let Some(uid) = request.uid() else { continue };
+        let ours = request.finalizers().iter().any(|f| f == FINALIZER);
+        let in_progress = request.phase() != Phase::Pending || state.admitted.contains(&uid);
+        // A request needs an actor while it is in progress, or while our finalizer waits for cleanup.
+        if !(ours || (in_progress && !request.is_deleting())) {
+            continue;
+        }
+        live.insert(uid.clone());
+        if let Some(actor) = state.actors.get(&uid) {
+            let version = request.resource_version().unwrap_or_default();
+            if state.forwarded.get(&uid) != Some(&version) {
+                state.forwarded.insert(uid.clone(), version);
+                let _ = actor.cast(NodeMsg::Updated(request.clone()));
+            }
+            continue;
+        }
+        if state
+            .restarts
+            .get(&uid)
+            .is_some_and(|(_, not_before)| *not_before > Instant::now())
+        {
+            continue;
+        }
+        let args = NodeArgs {
+            ctx: state.ctx.clone(),
+            request: request.clone(),
+        };
+        // Actor names are global: the UID keeps them unique across namespaces and re-creations.
+        let name = format!("node-maintenance-{uid}");
+        match Actor::spawn_linked(Some(name), NodeActor, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                state
+                    .forwarded
+                    .insert(uid.clone(), request.resource_version().unwrap_or_default());
+                state.actors.insert(uid, actor);
+            }
+            Err(err) => {
+                tracing::error!(request = %request.key(), %err, "could not start node actor");
+                state.ctx.error("spawn");
+            }
+        }
+    }
+    // Requests that are gone: stop their actors.
+    state.actors.retain(|uid, actor| {
+        let keep = live.contains(uid);
+        if !keep {
+            actor.stop(Some("request gone".into()));
+        }
+        keep
+    });
+    state.forwarded.retain(|uid, _| live.contains(uid));
+    state.restarts.retain(|uid, _| live.contains(uid));
+}
