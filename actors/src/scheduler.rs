@@ -1,0 +1,1130 @@
+//! One scheduling round as a pure function: which Pending requests may start now.
+//!
+//! This is exactly the algorithm of the design guide (section 5). It does no I/O and reads no
+//! clock, so the supervisor can run it on every change and `maintenance-operator plan` can show a
+//! person the very same decision the operator would take.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use maintenance_crds::{
+    DEFAULT_CONFIG_NAME, IntOrPercentError, MaintenanceOperatorConfigSpec, NodeMaintenance, Phase,
+    Rounding, resolve_int_or_percent,
+};
+use serde::{Serialize, Serializer};
+
+/// Spec field names, used in messages so that a user knows what to edit.
+const MAX_PARALLEL_OPERATIONS_FIELD: &str = "maxParallelOperations";
+const MAX_UNAVAILABLE_FIELD: &str = "maxUnavailable";
+
+/// What the scheduler needs to know about a Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    pub name: String,
+    /// Unschedulable or not Ready: the node already serves no (new) workloads.
+    pub unavailable: bool,
+}
+
+impl NodeState {
+    pub fn from_node(node: &Node) -> NodeState {
+        let unschedulable = node
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.unschedulable)
+            .unwrap_or(false);
+        // A node without a Ready condition has never reported in: the kubelet is not serving it.
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.as_ref())
+            .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|ready| ready.status == "True");
+        NodeState {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            unavailable: unschedulable || !ready,
+        }
+    }
+}
+
+/// What the scheduler needs to know about a NodeMaintenance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestState {
+    pub namespace: String,
+    pub name: String,
+    pub node_name: String,
+    pub requestor_id: String,
+    pub phase: Phase,
+    pub created: Option<jiff::Timestamp>,
+    pub deleting: bool,
+}
+
+impl RequestState {
+    pub fn from_request(request: &NodeMaintenance) -> RequestState {
+        RequestState {
+            namespace: request.metadata.namespace.clone().unwrap_or_default(),
+            name: request.metadata.name.clone().unwrap_or_default(),
+            node_name: request.spec.node_name.clone(),
+            requestor_id: request.spec.requestor_id.clone(),
+            phase: request.phase(),
+            created: request.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            deleting: request.is_deleting(),
+        }
+    }
+
+    pub fn key(&self) -> RequestKey {
+        RequestKey {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    fn is_pending(&self) -> bool {
+        self.phase == Phase::Pending
+    }
+}
+
+/// The cluster as one scheduling round sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub nodes: Vec<NodeState>,
+    pub requests: Vec<RequestState>,
+}
+
+impl Snapshot {
+    pub fn from_objects<'a>(
+        nodes: impl IntoIterator<Item = &'a Node>,
+        requests: impl IntoIterator<Item = &'a NodeMaintenance>,
+    ) -> Snapshot {
+        Snapshot {
+            nodes: nodes.into_iter().map(NodeState::from_node).collect(),
+            requests: requests
+                .into_iter()
+                .map(RequestState::from_request)
+                .collect(),
+        }
+    }
+}
+
+/// The two cluster-wide limits of `MaintenanceOperatorConfig`, not yet resolved against a node count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Absolute, or a percentage of all nodes rounded up.
+    pub max_parallel_operations: IntOrString,
+    /// Absolute, or a percentage of all nodes rounded down; `None` means no limit.
+    pub max_unavailable: Option<IntOrString>,
+}
+
+impl Limits {
+    /// The limits of a config spec; `None` (no `default` config) gives the defaults.
+    pub fn from_config(spec: Option<&MaintenanceOperatorConfigSpec>) -> Limits {
+        match spec {
+            Some(spec) => Limits {
+                max_parallel_operations: spec.max_parallel_operations(),
+                max_unavailable: spec.max_unavailable.clone(),
+            },
+            None => Limits {
+                max_parallel_operations: MaintenanceOperatorConfigSpec::default()
+                    .max_parallel_operations(),
+                max_unavailable: None,
+            },
+        }
+    }
+}
+
+/// Identifies a NodeMaintenance; shown (and serialized) as `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for RequestKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl Serialize for RequestKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// A Pending request that this round does not admit, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Waiting {
+    #[serde(rename = "name")]
+    pub key: RequestKey,
+    pub reason: String,
+}
+
+/// The outcome of one scheduling round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// Slots free before this round admitted anything.
+    pub available_slots: u32,
+    /// Nodes that may still become unavailable before this round; `None` when maxUnavailable is unset.
+    pub can_become_unavailable: Option<u32>,
+    /// Admitted requests, in admission order.
+    pub scheduled: Vec<RequestKey>,
+    /// Every other Pending request, in the order the scheduler considered them.
+    pub waiting: Vec<Waiting>,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error(
+        "MaintenanceOperatorConfig {DEFAULT_CONFIG_NAME:?} (in the operator's namespace) has an invalid limit: {0}; fix it with `kubectl edit maintenanceoperatorconfig {DEFAULT_CONFIG_NAME}` in that namespace"
+    )]
+    InvalidLimit(IntOrPercentError),
+}
+
+/// Runs one scheduling round (design guide, section 5).
+pub fn schedule(snapshot: &Snapshot, limits: &Limits) -> Result<Decision, ScheduleError> {
+    let total_nodes = u32::try_from(snapshot.nodes.len()).unwrap_or(u32::MAX);
+    let max_parallel_operations = resolve_int_or_percent(
+        MAX_PARALLEL_OPERATIONS_FIELD,
+        &limits.max_parallel_operations,
+        total_nodes,
+        Rounding::Up,
+    )
+    .map_err(ScheduleError::InvalidLimit)?;
+    let max_unavailable = limits
+        .max_unavailable
+        .as_ref()
+        .map(|value| {
+            resolve_int_or_percent(MAX_UNAVAILABLE_FIELD, value, total_nodes, Rounding::Down)
+        })
+        .transpose()
+        .map_err(ScheduleError::InvalidLimit)?;
+
+    // Node -> the request holding it (the smallest key, so that reasons are stable). A request past
+    // Pending holds its node until cleanup finishes, even if the Node object is already gone.
+    let mut in_maintenance: BTreeMap<&str, &RequestState> = BTreeMap::new();
+    for request in snapshot.requests.iter().filter(|r| !r.is_pending()) {
+        in_maintenance
+            .entry(request.node_name.as_str())
+            .and_modify(|holder| {
+                if request.key() < holder.key() {
+                    *holder = request;
+                }
+            })
+            .or_insert(request);
+    }
+    let existing_nodes: HashMap<&str, &NodeState> = snapshot
+        .nodes
+        .iter()
+        .map(|node| (node.name.as_str(), node))
+        .collect();
+    // A set, so that a cordoned node under maintenance counts once.
+    let unavailable_nodes: BTreeSet<&str> = in_maintenance
+        .keys()
+        .copied()
+        .chain(
+            snapshot
+                .nodes
+                .iter()
+                .filter(|node| node.unavailable)
+                .map(|node| node.name.as_str()),
+        )
+        .collect();
+
+    let nodes_in_maintenance = count(in_maintenance.len());
+    let available_slots = max_parallel_operations.saturating_sub(nodes_in_maintenance);
+    let can_become_unavailable =
+        max_unavailable.map(|limit| limit.saturating_sub(count(unavailable_nodes.len())));
+
+    let order = Ordering::new(&snapshot.requests);
+    let mut pending: Vec<&RequestState> = snapshot
+        .requests
+        .iter()
+        .filter(|r| r.is_pending())
+        .collect();
+    pending.sort_by(|a, b| order.compare(a, b));
+
+    let limit_text = LimitText {
+        max_parallel_operations: describe_limit(
+            &limits.max_parallel_operations,
+            max_parallel_operations,
+            total_nodes,
+        ),
+        max_unavailable: limits
+            .max_unavailable
+            .as_ref()
+            .zip(max_unavailable)
+            .map(|(value, resolved)| describe_limit(value, resolved, total_nodes))
+            .unwrap_or_default(),
+    };
+
+    let mut scheduled = Vec::new();
+    let mut waiting = Vec::new();
+    // Node -> the request admitted on it in this round.
+    let mut admitted_on_node: HashMap<&str, RequestKey> = HashMap::new();
+    let mut newly_unavailable: u32 = 0;
+    for request in pending {
+        let node = request.node_name.as_str();
+        let reason = if request.deleting {
+            Some("being deleted".to_string())
+        } else if let Some(holder) = in_maintenance.get(node) {
+            Some(format!(
+                "node {node} is under maintenance by {}",
+                holder.key()
+            ))
+        } else if let Some(node_state) = existing_nodes.get(node) {
+            if let Some(winner) = admitted_on_node.get(node) {
+                Some(format!(
+                    "node already has a request being admitted: {winner}"
+                ))
+            } else if count(scheduled.len()) >= available_slots {
+                Some(format!(
+                    "no free slot: maxParallelOperations={} and {} in maintenance{}",
+                    limit_text.max_parallel_operations,
+                    nodes_are(nodes_in_maintenance),
+                    more_in_this_round(count(scheduled.len()), "admitted"),
+                ))
+            } else if !node_state.unavailable
+                && can_become_unavailable.is_some_and(|budget| newly_unavailable >= budget)
+            {
+                Some(format!(
+                    "maxUnavailable reached: node {node} would become unavailable, but maxUnavailable={} and {} unavailable{}",
+                    limit_text.max_unavailable,
+                    nodes_are(count(unavailable_nodes.len())),
+                    more_in_this_round(newly_unavailable, "becoming unavailable"),
+                ))
+            } else {
+                if !node_state.unavailable {
+                    newly_unavailable += 1;
+                }
+                admitted_on_node.insert(node, request.key());
+                scheduled.push(request.key());
+                None
+            }
+        } else {
+            Some(format!("node {node} not found"))
+        };
+        if let Some(reason) = reason {
+            waiting.push(Waiting {
+                key: request.key(),
+                reason,
+            });
+        }
+    }
+
+    Ok(Decision {
+        available_slots,
+        can_become_unavailable,
+        scheduled,
+        waiting,
+    })
+}
+
+/// The admission order of step 5: requestors with work in progress first, then requestors with
+/// fewer pending requests, then older requests; node name and key make the order total.
+struct Ordering<'a> {
+    requestors_in_progress: HashSet<&'a str>,
+    pending_per_requestor: HashMap<&'a str, usize>,
+}
+
+impl<'a> Ordering<'a> {
+    fn new(requests: &'a [RequestState]) -> Ordering<'a> {
+        let mut requestors_in_progress = HashSet::new();
+        let mut pending_per_requestor = HashMap::new();
+        for request in requests {
+            if !request.is_pending() {
+                requestors_in_progress.insert(request.requestor_id.as_str());
+            } else if !request.deleting {
+                // A request being deleted is going away; it should not push its requestor back.
+                *pending_per_requestor
+                    .entry(request.requestor_id.as_str())
+                    .or_insert(0) += 1;
+            }
+        }
+        Ordering {
+            requestors_in_progress,
+            pending_per_requestor,
+        }
+    }
+
+    fn compare(&self, a: &RequestState, b: &RequestState) -> std::cmp::Ordering {
+        self.priority(a).cmp(&self.priority(b))
+    }
+
+    fn priority<'r>(&self, request: &'r RequestState) -> Priority<'r> {
+        let requestor = request.requestor_id.as_str();
+        Priority {
+            requestor_idle: !self.requestors_in_progress.contains(requestor),
+            requestor_pending: self
+                .pending_per_requestor
+                .get(requestor)
+                .copied()
+                .unwrap_or(0),
+            created_unknown: request.created.is_none(),
+            created: request.created,
+            node_name: &request.node_name,
+            namespace: &request.namespace,
+            name: &request.name,
+        }
+    }
+}
+
+/// Sorts ascending: the field order is the precedence of the ordering rules.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Priority<'r> {
+    requestor_idle: bool,
+    requestor_pending: usize,
+    /// Requests without a creation timestamp go last.
+    created_unknown: bool,
+    created: Option<jiff::Timestamp>,
+    node_name: &'r str,
+    namespace: &'r str,
+    name: &'r str,
+}
+
+/// The limits as written and as resolved, for reasons.
+struct LimitText {
+    max_parallel_operations: String,
+    max_unavailable: String,
+}
+
+/// `2`, or `15% (2 of 10 nodes)` for a percentage.
+fn describe_limit(value: &IntOrString, resolved: u32, total_nodes: u32) -> String {
+    match value {
+        IntOrString::Int(_) => resolved.to_string(),
+        IntOrString::String(text) => format!("{text} ({resolved} of {total_nodes} nodes)"),
+    }
+}
+
+fn nodes_are(n: u32) -> String {
+    if n == 1 {
+        "1 node is".to_string()
+    } else {
+        format!("{n} nodes are")
+    }
+}
+
+fn more_in_this_round(n: u32, what: &str) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(", {n} more {what} in this round")
+    }
+}
+
+fn count(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use maintenance_crds::NodeMaintenanceSpec;
+
+    const NAMESPACE: &str = "team";
+
+    fn node_name(index: usize) -> String {
+        format!("node-{index:02}")
+    }
+
+    /// `count` nodes; those whose index is in `unavailable` are cordoned or not Ready.
+    fn nodes(count: usize, unavailable: &[usize]) -> Vec<NodeState> {
+        (0..count)
+            .map(|index| NodeState {
+                name: node_name(index),
+                unavailable: unavailable.contains(&index),
+            })
+            .collect()
+    }
+
+    fn request(name: &str, node: usize, requestor: &str, phase: Phase) -> RequestState {
+        RequestState {
+            namespace: NAMESPACE.to_string(),
+            name: name.to_string(),
+            node_name: node_name(node),
+            requestor_id: requestor.to_string(),
+            phase,
+            created: Some(at(0)),
+            deleting: false,
+        }
+    }
+
+    fn pending(name: &str, node: usize) -> RequestState {
+        request(name, node, "upgrade.example.com", Phase::Pending)
+    }
+
+    fn at(seconds: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+    }
+
+    fn limits(
+        max_parallel_operations: IntOrString,
+        max_unavailable: Option<IntOrString>,
+    ) -> Limits {
+        Limits {
+            max_parallel_operations,
+            max_unavailable,
+        }
+    }
+
+    fn int(value: i32) -> IntOrString {
+        IntOrString::Int(value)
+    }
+
+    fn percent(value: &str) -> IntOrString {
+        IntOrString::String(value.to_string())
+    }
+
+    fn key(name: &str) -> RequestKey {
+        RequestKey {
+            namespace: NAMESPACE.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    fn keys(names: &[&str]) -> Vec<RequestKey> {
+        names.iter().map(|name| key(name)).collect()
+    }
+
+    fn reason_of<'d>(decision: &'d Decision, name: &str) -> &'d str {
+        decision
+            .waiting
+            .iter()
+            .find(|w| w.key == key(name))
+            .map(|w| w.reason.as_str())
+            .unwrap_or_else(|| panic!("{name} is not waiting: {decision:#?}"))
+    }
+
+    fn run(nodes: Vec<NodeState>, requests: Vec<RequestState>, limits: &Limits) -> Decision {
+        schedule(&Snapshot { nodes, requests }, limits).unwrap()
+    }
+
+    #[test]
+    fn ten_nodes_two_parallel_five_pending_schedules_two() {
+        let requests = (0..5).map(|i| pending(&format!("r{i}"), i)).collect();
+        let decision = run(nodes(10, &[]), requests, &limits(int(2), Some(int(5))));
+        assert_eq!(decision.available_slots, 2);
+        assert_eq!(decision.can_become_unavailable, Some(5));
+        assert_eq!(decision.scheduled, keys(&["r0", "r1"]));
+        assert_eq!(decision.waiting.len(), 3);
+        assert_eq!(
+            reason_of(&decision, "r2"),
+            "no free slot: maxParallelOperations=2 and 0 nodes are in maintenance, 2 more admitted in this round"
+        );
+    }
+
+    #[test]
+    fn two_unavailable_of_ten_leave_room_for_one_more() {
+        let requests = (2..5).map(|i| pending(&format!("r{i}"), i)).collect();
+        let decision = run(nodes(10, &[0, 1]), requests, &limits(int(5), Some(int(3))));
+        assert_eq!(decision.available_slots, 5);
+        assert_eq!(decision.can_become_unavailable, Some(1));
+        assert_eq!(decision.scheduled, keys(&["r2"]));
+        assert_eq!(
+            reason_of(&decision, "r3"),
+            "maxUnavailable reached: node node-03 would become unavailable, but maxUnavailable=3 \
+             and 2 nodes are unavailable, 1 more becoming unavailable in this round"
+        );
+    }
+
+    #[test]
+    fn requests_on_unavailable_nodes_do_not_use_the_unavailable_budget() {
+        // Nodes 0 and 1 are unavailable, so maxUnavailable=3 leaves canBecomeUnavailable=1.
+        let limits = limits(int(3), Some(int(3)));
+        let two_unavailable_one_available = vec![pending("a", 0), pending("b", 1), pending("c", 2)];
+        let decision = run(nodes(10, &[0, 1]), two_unavailable_one_available, &limits);
+        assert_eq!(decision.available_slots, 3);
+        assert_eq!(decision.can_become_unavailable, Some(1));
+        assert_eq!(decision.scheduled, keys(&["a", "b", "c"]));
+
+        let three_available = vec![pending("c", 2), pending("d", 3), pending("e", 4)];
+        let decision = run(nodes(10, &[0, 1]), three_available, &limits);
+        assert_eq!(decision.available_slots, 3);
+        assert_eq!(decision.can_become_unavailable, Some(1));
+        assert_eq!(decision.scheduled, keys(&["c"]));
+        assert_eq!(decision.waiting.len(), 2);
+    }
+
+    #[test]
+    fn max_unavailable_zero_only_lets_already_unavailable_nodes_proceed() {
+        let requests = vec![
+            request("in-progress", 1, "fw", Phase::Draining),
+            pending("on-cordoned-node", 0),
+            pending("on-healthy-node", 2),
+        ];
+        let decision = run(nodes(4, &[0]), requests, &limits(int(5), Some(int(0))));
+        assert_eq!(decision.available_slots, 4);
+        assert_eq!(decision.can_become_unavailable, Some(0));
+        assert_eq!(decision.scheduled, keys(&["on-cordoned-node"]));
+        assert!(
+            reason_of(&decision, "on-healthy-node").starts_with("maxUnavailable reached"),
+            "{decision:#?}"
+        );
+    }
+
+    #[test]
+    fn percentages_round_up_for_parallel_operations_and_down_for_unavailable() {
+        let decision = run(
+            nodes(10, &[]),
+            vec![],
+            &limits(percent("15%"), Some(percent("15%"))),
+        );
+        assert_eq!(decision.available_slots, 2);
+        assert_eq!(decision.can_become_unavailable, Some(1));
+    }
+
+    #[test]
+    fn percentage_reasons_show_the_resolved_count() {
+        let requests = (0..3).map(|i| pending(&format!("r{i}"), i)).collect();
+        let decision = run(nodes(10, &[]), requests, &limits(percent("15%"), None));
+        assert_eq!(decision.can_become_unavailable, None);
+        assert_eq!(
+            reason_of(&decision, "r2"),
+            "no free slot: maxParallelOperations=15% (2 of 10 nodes) and 0 nodes are in maintenance, \
+             2 more admitted in this round"
+        );
+    }
+
+    #[test]
+    fn defaults_allow_one_operation_and_no_unavailable_limit() {
+        let defaults = Limits::from_config(None);
+        assert_eq!(defaults, limits(int(1), None));
+        let requests = vec![pending("a", 0), pending("b", 1)];
+        let decision = run(nodes(3, &[]), requests, &defaults);
+        assert_eq!(decision.scheduled, keys(&["a"]));
+    }
+
+    #[test]
+    fn slots_count_nodes_in_maintenance_not_requests() {
+        let requests = vec![
+            request("first", 0, "a", Phase::Ready),
+            request("second", 0, "b", Phase::Cordon),
+            pending("next", 1),
+        ];
+        let decision = run(nodes(3, &[]), requests, &limits(int(2), None));
+        assert_eq!(decision.available_slots, 1);
+        assert_eq!(decision.scheduled, keys(&["next"]));
+    }
+
+    #[test]
+    fn a_node_under_maintenance_counts_once_as_unavailable() {
+        // Node 0 is cordoned because it is under maintenance: one unavailable node, not two.
+        let requests = vec![request("busy", 0, "a", Phase::Ready), pending("next", 1)];
+        let decision = run(nodes(3, &[0]), requests, &limits(int(3), Some(int(2))));
+        assert_eq!(decision.can_become_unavailable, Some(1));
+        assert_eq!(decision.scheduled, keys(&["next"]));
+    }
+
+    #[test]
+    fn limits_already_exceeded_give_zero_not_an_underflow() {
+        let requests = vec![
+            request("a", 0, "x", Phase::Ready),
+            request("b", 1, "x", Phase::Ready),
+            pending("c", 2),
+        ];
+        let decision = run(nodes(3, &[]), requests, &limits(int(1), Some(int(1))));
+        assert_eq!(decision.available_slots, 0);
+        assert_eq!(decision.can_become_unavailable, Some(0));
+        assert!(decision.scheduled.is_empty());
+    }
+
+    #[test]
+    fn one_request_per_node_and_the_highest_ordered_wins() {
+        let mut older = pending("older", 0);
+        older.created = Some(at(-10));
+        let decision = run(
+            nodes(2, &[]),
+            vec![pending("newer", 0), older],
+            &limits(int(2), None),
+        );
+        assert_eq!(decision.scheduled, keys(&["older"]));
+        assert_eq!(
+            reason_of(&decision, "newer"),
+            "node already has a request being admitted: team/older"
+        );
+    }
+
+    #[test]
+    fn requests_that_cannot_start_say_why() {
+        let mut deleting = pending("deleting", 2);
+        deleting.deleting = true;
+        let requests = vec![
+            request("holder", 0, "a", Phase::WaitForPodCompletion),
+            pending("behind-holder", 0),
+            pending("lost", 7),
+            deleting,
+        ];
+        let decision = run(nodes(3, &[]), requests, &limits(int(5), None));
+        assert!(decision.scheduled.is_empty());
+        assert_eq!(
+            reason_of(&decision, "behind-holder"),
+            "node node-00 is under maintenance by team/holder"
+        );
+        assert_eq!(reason_of(&decision, "lost"), "node node-07 not found");
+        assert_eq!(reason_of(&decision, "deleting"), "being deleted");
+        assert_eq!(decision.waiting.len(), 3, "only Pending requests wait");
+    }
+
+    #[test]
+    fn requestors_with_maintenance_in_progress_go_first() {
+        let mut old_idle = request("old-idle", 1, "idle", Phase::Pending);
+        old_idle.created = Some(at(-100));
+        let requests = vec![
+            request("busy-running", 0, "busy", Phase::Ready),
+            old_idle,
+            request("busy-next", 2, "busy", Phase::Pending),
+        ];
+        let decision = run(nodes(3, &[]), requests, &limits(int(2), None));
+        assert_eq!(decision.scheduled, keys(&["busy-next"]));
+        assert!(reason_of(&decision, "old-idle").starts_with("no free slot"));
+    }
+
+    #[test]
+    fn requestors_with_fewer_pending_requests_go_next() {
+        let mut many_1 = request("many-1", 0, "many", Phase::Pending);
+        let mut many_2 = request("many-2", 1, "many", Phase::Pending);
+        many_1.created = Some(at(-100));
+        many_2.created = Some(at(-100));
+        let few = request("few", 2, "few", Phase::Pending);
+        let decision = run(
+            nodes(3, &[]),
+            vec![many_1, many_2, few],
+            &limits(int(2), None),
+        );
+        assert_eq!(decision.scheduled, keys(&["few", "many-1"]));
+    }
+
+    #[test]
+    fn older_requests_go_next_then_node_name_then_name() {
+        let mut newest = pending("newest", 0);
+        newest.created = Some(at(30));
+        let mut oldest = pending("oldest", 4);
+        oldest.created = Some(at(-30));
+        let mut undated = pending("undated", 1);
+        undated.created = None;
+        let tie_on_node_3 = pending("a-tie", 3);
+        let tie_on_node_2 = pending("z-tie", 2);
+        let requests = vec![newest, undated, tie_on_node_3, oldest, tie_on_node_2];
+        let decision = run(nodes(5, &[]), requests, &limits(int(5), None));
+        assert_eq!(
+            decision.scheduled,
+            keys(&["oldest", "z-tie", "a-tie", "newest", "undated"])
+        );
+    }
+
+    #[test]
+    fn same_node_name_ties_break_on_namespace_then_name() {
+        let mut other_namespace = pending("a", 0);
+        other_namespace.namespace = "zz".to_string();
+        let decision = run(
+            nodes(1, &[]),
+            vec![other_namespace, pending("b", 0), pending("a", 0)],
+            &limits(int(1), None),
+        );
+        assert_eq!(decision.scheduled, keys(&["a"]));
+        let waiting: Vec<String> = decision.waiting.iter().map(|w| w.key.to_string()).collect();
+        assert_eq!(waiting, ["team/b", "zz/a"]);
+    }
+
+    #[test]
+    fn an_invalid_limit_names_the_field_and_the_config() {
+        let error = schedule(&Snapshot::default(), &limits(percent("lots"), None)).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("MaintenanceOperatorConfig \"default\""),
+            "{message}"
+        );
+        assert!(
+            message.contains("maxParallelOperations: \"lots\""),
+            "{message}"
+        );
+
+        let error = schedule(&Snapshot::default(), &limits(int(1), Some(int(-1)))).unwrap_err();
+        assert!(
+            error.to_string().contains("maxUnavailable: \"-1\""),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn snapshot_reads_unschedulable_and_ready_from_nodes() {
+        fn node(name: &str, unschedulable: Option<bool>, ready: Option<&str>) -> Node {
+            Node {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(NodeSpec {
+                    unschedulable,
+                    ..NodeSpec::default()
+                }),
+                status: Some(NodeStatus {
+                    conditions: ready.map(|status| {
+                        vec![NodeCondition {
+                            type_: "Ready".to_string(),
+                            status: status.to_string(),
+                            ..NodeCondition::default()
+                        }]
+                    }),
+                    ..NodeStatus::default()
+                }),
+            }
+        }
+        let request = NodeMaintenance {
+            metadata: ObjectMeta {
+                namespace: Some("ns".to_string()),
+                name: Some("fw".to_string()),
+                creation_timestamp: Some(Time(at(5))),
+                ..ObjectMeta::default()
+            },
+            spec: NodeMaintenanceSpec {
+                requestor_id: "fw.example.com".to_string(),
+                node_name: "healthy".to_string(),
+                ..NodeMaintenanceSpec::default()
+            },
+            status: None,
+        };
+        let nodes = [
+            node("healthy", None, Some("True")),
+            node("cordoned", Some(true), Some("True")),
+            node("not-ready", Some(false), Some("False")),
+            node("never-reported", None, None),
+        ];
+        let snapshot = Snapshot::from_objects(&nodes, [&request]);
+        let unavailable: Vec<bool> = snapshot.nodes.iter().map(|n| n.unavailable).collect();
+        assert_eq!(unavailable, [false, true, true, true]);
+        assert_eq!(
+            snapshot.requests,
+            [RequestState {
+                namespace: "ns".to_string(),
+                name: "fw".to_string(),
+                node_name: "healthy".to_string(),
+                requestor_id: "fw.example.com".to_string(),
+                phase: Phase::Pending,
+                created: Some(at(5)),
+                deleting: false,
+            }]
+        );
+    }
+
+    #[test]
+    fn decision_serializes_as_the_plan_json() {
+        let decision = Decision {
+            available_slots: 1,
+            can_become_unavailable: None,
+            scheduled: keys(&["a"]),
+            waiting: vec![Waiting {
+                key: key("b"),
+                reason: "being deleted".to_string(),
+            }],
+        };
+        assert_eq!(
+            serde_json::to_value(&decision).unwrap(),
+            serde_json::json!({
+                "availableSlots": 1,
+                "canBecomeUnavailable": null,
+                "scheduled": ["team/a"],
+                "waiting": [{"name": "team/b", "reason": "being deleted"}],
+            })
+        );
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The limits and node sets, worked out independently of `schedule`.
+        struct Expected {
+            available_slots: u32,
+            can_become_unavailable: Option<u32>,
+            in_maintenance: BTreeSet<String>,
+            unavailable: BTreeSet<String>,
+            existing: BTreeSet<String>,
+        }
+
+        impl Expected {
+            fn new(snapshot: &Snapshot, limits: &Limits) -> Expected {
+                let total = snapshot.nodes.len() as u64;
+                let resolve = |value: &IntOrString, round_up: bool| -> u64 {
+                    match value {
+                        IntOrString::Int(i) => u64::try_from(*i).unwrap(),
+                        IntOrString::String(s) => {
+                            let p: u64 = s.trim_end_matches('%').parse().unwrap();
+                            if round_up {
+                                (p * total).div_ceil(100)
+                            } else {
+                                p * total / 100
+                            }
+                        }
+                    }
+                };
+                let in_maintenance: BTreeSet<String> = snapshot
+                    .requests
+                    .iter()
+                    .filter(|r| r.phase != Phase::Pending)
+                    .map(|r| r.node_name.clone())
+                    .collect();
+                let mut unavailable = in_maintenance.clone();
+                unavailable.extend(
+                    snapshot
+                        .nodes
+                        .iter()
+                        .filter(|n| n.unavailable)
+                        .map(|n| n.name.clone()),
+                );
+                let parallel = resolve(&limits.max_parallel_operations, true);
+                let available_slots = parallel.saturating_sub(in_maintenance.len() as u64);
+                let can_become_unavailable = limits.max_unavailable.as_ref().map(|value| {
+                    resolve(value, false).saturating_sub(unavailable.len() as u64) as u32
+                });
+                Expected {
+                    available_slots: available_slots as u32,
+                    can_become_unavailable,
+                    in_maintenance,
+                    unavailable,
+                    existing: snapshot.nodes.iter().map(|n| n.name.clone()).collect(),
+                }
+            }
+
+            /// Could the scheduler admit this request at all, limits aside?
+            fn eligible(&self, request: &RequestState) -> bool {
+                request.phase == Phase::Pending
+                    && !request.deleting
+                    && self.existing.contains(&request.node_name)
+                    && !self.in_maintenance.contains(&request.node_name)
+            }
+
+            /// Would admitting exactly this set respect every limit and one request per node?
+            fn fits(&self, admitted: &[&RequestState]) -> bool {
+                let nodes: BTreeSet<&str> = admitted.iter().map(|r| r.node_name.as_str()).collect();
+                let newly_unavailable = nodes
+                    .iter()
+                    .filter(|node| !self.unavailable.contains(**node))
+                    .count() as u32;
+                nodes.len() == admitted.len()
+                    && admitted.len() as u32 <= self.available_slots
+                    && self
+                        .can_become_unavailable
+                        .is_none_or(|budget| newly_unavailable <= budget)
+                    && admitted.iter().all(|r| self.eligible(r))
+            }
+        }
+
+        /// The order of step 5, written out again so that the scheduler's own is checked.
+        fn priority(
+            snapshot: &Snapshot,
+            request: &RequestState,
+        ) -> (
+            bool,
+            usize,
+            bool,
+            Option<jiff::Timestamp>,
+            String,
+            String,
+            String,
+        ) {
+            let in_progress = snapshot
+                .requests
+                .iter()
+                .any(|r| r.requestor_id == request.requestor_id && r.phase != Phase::Pending);
+            let pending = snapshot
+                .requests
+                .iter()
+                .filter(|r| {
+                    r.requestor_id == request.requestor_id
+                        && r.phase == Phase::Pending
+                        && !r.deleting
+                })
+                .count();
+            (
+                !in_progress,
+                pending,
+                request.created.is_none(),
+                request.created,
+                request.node_name.clone(),
+                request.namespace.clone(),
+                request.name.clone(),
+            )
+        }
+
+        fn int_or_percent(max_int: i32) -> impl Strategy<Value = IntOrString> {
+            prop_oneof![
+                (0..=max_int).prop_map(IntOrString::Int),
+                (0..=100u32).prop_map(|p| IntOrString::String(format!("{p}%"))),
+            ]
+        }
+
+        fn arb_limits() -> impl Strategy<Value = Limits> {
+            (int_or_percent(8), proptest::option::of(int_or_percent(8))).prop_map(
+                |(max_parallel_operations, max_unavailable)| Limits {
+                    max_parallel_operations,
+                    max_unavailable,
+                },
+            )
+        }
+
+        fn arb_phase() -> impl Strategy<Value = Phase> {
+            prop_oneof![
+                3 => Just(Phase::Pending),
+                1 => proptest::sample::select(Phase::ALL.to_vec()),
+            ]
+        }
+
+        fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
+            (0usize..10).prop_flat_map(|node_count| {
+                let nodes = proptest::collection::vec(proptest::bool::weighted(0.25), node_count);
+                // Some requests point at nodes that do not exist; few timestamps, so ties happen.
+                let request = (
+                    0..node_count + 2,
+                    0..3usize,
+                    arb_phase(),
+                    proptest::option::weighted(0.8, 0..4i64),
+                    proptest::bool::weighted(0.1),
+                    0..2usize,
+                );
+                let requests = proptest::collection::vec(request, 0..16);
+                (nodes, requests).prop_map(|(unavailable, requests)| Snapshot {
+                    nodes: unavailable
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, unavailable)| NodeState {
+                            name: node_name(index),
+                            unavailable,
+                        })
+                        .collect(),
+                    requests: requests
+                        .into_iter()
+                        .enumerate()
+                        .map(
+                            |(index, (node, requestor, phase, created, deleting, namespace))| {
+                                RequestState {
+                                    namespace: format!("ns{namespace}"),
+                                    name: format!("r{index}"),
+                                    node_name: node_name(node),
+                                    requestor_id: format!("requestor-{requestor}"),
+                                    phase,
+                                    created: created.map(at),
+                                    deleting,
+                                }
+                            },
+                        )
+                        .collect(),
+                })
+            })
+        }
+
+        fn find<'s>(snapshot: &'s Snapshot, key: &RequestKey) -> &'s RequestState {
+            snapshot.requests.iter().find(|r| r.key() == *key).unwrap()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            #[test]
+            fn admissions_respect_every_limit(snapshot in arb_snapshot(), limits in arb_limits()) {
+                let decision = schedule(&snapshot, &limits).unwrap();
+                let expected = Expected::new(&snapshot, &limits);
+                prop_assert_eq!(decision.available_slots, expected.available_slots);
+                prop_assert_eq!(decision.can_become_unavailable, expected.can_become_unavailable);
+
+                let admitted: Vec<&RequestState> =
+                    decision.scheduled.iter().map(|k| find(&snapshot, k)).collect();
+                prop_assert!(admitted.len() as u32 <= decision.available_slots);
+                let admitted_nodes: BTreeSet<&str> =
+                    admitted.iter().map(|r| r.node_name.as_str()).collect();
+                prop_assert_eq!(admitted_nodes.len(), admitted.len(), "one request per node");
+                let newly_unavailable =
+                    admitted_nodes.iter().filter(|n| !expected.unavailable.contains(**n)).count();
+                if let Some(budget) = decision.can_become_unavailable {
+                    prop_assert!(newly_unavailable as u32 <= budget);
+                }
+                for request in &admitted {
+                    prop_assert_eq!(request.phase, Phase::Pending);
+                    prop_assert!(!request.deleting);
+                    prop_assert!(!expected.in_maintenance.contains(&request.node_name));
+                    prop_assert!(expected.existing.contains(&request.node_name));
+                }
+            }
+
+            #[test]
+            fn every_pending_request_is_scheduled_or_waiting_exactly_once(
+                snapshot in arb_snapshot(),
+                limits in arb_limits(),
+            ) {
+                let decision = schedule(&snapshot, &limits).unwrap();
+                let mut reported: Vec<&RequestKey> = decision
+                    .scheduled
+                    .iter()
+                    .chain(decision.waiting.iter().map(|w| &w.key))
+                    .collect();
+                reported.sort();
+                let mut pending: Vec<RequestKey> = snapshot
+                    .requests
+                    .iter()
+                    .filter(|r| r.phase == Phase::Pending)
+                    .map(RequestState::key)
+                    .collect();
+                pending.sort();
+                prop_assert_eq!(reported, pending.iter().collect::<Vec<_>>());
+                for waiting in &decision.waiting {
+                    prop_assert!(!waiting.reason.is_empty());
+                }
+            }
+
+            #[test]
+            fn admission_follows_the_order(snapshot in arb_snapshot(), limits in arb_limits()) {
+                let decision = schedule(&snapshot, &limits).unwrap();
+                let expected = Expected::new(&snapshot, &limits);
+                let admitted: Vec<&RequestState> =
+                    decision.scheduled.iter().map(|k| find(&snapshot, k)).collect();
+                for pair in admitted.windows(2) {
+                    prop_assert!(priority(&snapshot, pair[0]) < priority(&snapshot, pair[1]));
+                }
+                // A skipped request ordered before an admitted one must have lost for a reason
+                // that swapping the two would not cure: the swapped set breaks a limit.
+                for waiting in &decision.waiting {
+                    let skipped = find(&snapshot, &waiting.key);
+                    if !expected.eligible(skipped) {
+                        continue;
+                    }
+                    for later in admitted
+                        .iter()
+                        .filter(|a| priority(&snapshot, a) > priority(&snapshot, skipped))
+                    {
+                        let swapped: Vec<&RequestState> = admitted
+                            .iter()
+                            .copied()
+                            .filter(|a| a.key() != later.key())
+                            .chain([skipped])
+                            .collect();
+                        prop_assert!(
+                            !expected.fits(&swapped),
+                            "{} ({}) was skipped for the later {}", waiting.key, waiting.reason, later.key()
+                        );
+                    }
+                }
+            }
+
+            #[test]
+            fn nothing_that_fits_is_left_waiting(snapshot in arb_snapshot(), limits in arb_limits()) {
+                let decision = schedule(&snapshot, &limits).unwrap();
+                let expected = Expected::new(&snapshot, &limits);
+                let admitted: Vec<&RequestState> =
+                    decision.scheduled.iter().map(|k| find(&snapshot, k)).collect();
+                prop_assert!(expected.fits(&admitted));
+                for waiting in &decision.waiting {
+                    let skipped = find(&snapshot, &waiting.key);
+                    let mut more = admitted.clone();
+                    more.push(skipped);
+                    prop_assert!(
+                        !expected.fits(&more),
+                        "{} waits ({}) although it fits", waiting.key, waiting.reason
+                    );
+                }
+            }
+        }
+    }
+}
