@@ -1,6 +1,7 @@
 //! `maintenance-operator`: run the operator, dry-run the scheduler, or print the CRDs.
 
 mod http;
+mod leader;
 mod plan;
 mod run;
 

@@ -11,11 +11,16 @@ use maintenance_actors::supervisor::Supervisor;
 use ractor::Actor;
 
 use crate::http::{self, Probes};
+use crate::leader::LeaderElector;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     /// Namespace the operator runs in; only the MaintenanceOperatorConfig named `default` there counts.
-    #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "maintenance-operator")]
+    #[arg(
+        long,
+        env = "OPERATOR_NAMESPACE",
+        default_value = "maintenance-operator"
+    )]
     pub namespace: String,
     /// This pod's name (from the downward API), so the operator never evicts itself.
     #[arg(long, env = "POD_NAME")]
@@ -29,6 +34,15 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
+    /// Elect a leader through a Lease so that several replicas can run; only the leader acts.
+    #[arg(long, env = "LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Name of the Lease (in --namespace) used for leader election.
+    #[arg(long, default_value = "maintenance-operator")]
+    pub lease_name: String,
+    /// How long a leader's lease lasts without renewal, in seconds (a standby takes over after it).
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -62,7 +76,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let eviction_client = kube::Client::try_from(eviction_config)?;
 
     let metrics = Arc::new(Metrics::new()?);
-    metrics.leader.set(1.0);
     let evictor = Evictor::new(
         eviction_client,
         EvictionRate {
@@ -81,11 +94,43 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
 
     let probe_ctx = ctx.clone();
+    let standby = args.leader_elect;
     let probes = Arc::new(Probes {
         metrics: metrics.clone(),
-        ready: Box::new(move || probe_ctx.is_synced()),
+        // A standby is ready: it is doing its job (waiting), and must not block a rollout.
+        ready: Box::new(move || probe_ctx.is_synced() || (standby && !probe_ctx.is_leading())),
     });
-    let server = tokio::spawn(http::serve(args.metrics_addr, probes));
+    let mut server = tokio::spawn(http::serve(args.metrics_addr, probes));
+
+    let elector = args.leader_elect.then(|| {
+        let identity = args
+            .pod_name
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+        LeaderElector::new(
+            ctx.client.clone(),
+            &args.namespace,
+            &args.lease_name,
+            identity,
+            Duration::from_secs(args.lease_duration_seconds.max(2)),
+        )
+    });
+    if let Some(elector) = &elector {
+        tracing::info!(identity = %elector.identity(), lease = %args.lease_name, "waiting to become leader");
+        tokio::select! {
+            _ = elector.acquire() => {}
+            _ = shutdown_signal() => return Ok(()),
+            result = &mut server => { result??; return Ok(()); }
+        }
+    }
+    ctx.set_leading(true);
+    metrics.leader.set(1.0);
+    let lost = async {
+        match &elector {
+            Some(elector) => elector.hold().await,
+            None => std::future::pending().await,
+        }
+    };
 
     tracing::info!(namespace = %args.namespace, "starting supervisor");
     let (supervisor, mut handle) = Actor::spawn(Some("supervisor".to_string()), Supervisor, ctx)
@@ -97,12 +142,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::info!("shutting down");
             supervisor.stop(Some("shutdown".into()));
             let _ = handle.await;
+            if let Some(elector) = &elector {
+                elector.release().await;
+            }
+        }
+        why = lost => {
+            // Stop at once: another replica may lead soon, and two leaders could exceed the limits.
+            anyhow::bail!("lost leadership: {why}");
         }
         result = &mut handle => {
             result.map_err(|err| anyhow::anyhow!("supervisor crashed: {err}"))?;
             anyhow::bail!("the supervisor stopped unexpectedly; see the log above");
         }
-        result = server => {
+        result = &mut server => {
             result??;
         }
     }
@@ -123,4 +175,10 @@ async fn shutdown_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "maintenance-operator".to_string())
 }

@@ -32,6 +32,8 @@ pub struct Context {
     pub tick: Duration,
     /// Set once the supervisor's caches are synced (for `/readyz`).
     pub synced: AtomicBool,
+    /// Set while this process holds the leader lease (or runs without election).
+    pub leading: AtomicBool,
 }
 
 impl Context {
@@ -57,11 +59,20 @@ impl Context {
             identity,
             tick,
             synced: AtomicBool::new(false),
+            leading: AtomicBool::new(false),
         }
     }
 
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Relaxed)
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::Relaxed)
+    }
+
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Relaxed);
     }
 
     pub fn error(&self, step: &str) {
