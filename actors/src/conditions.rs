@@ -109,7 +109,10 @@ mod tests {
         );
         set_phase(&mut conditions, Phase::Draining, "", ts(2), None);
         assert_eq!(conditions.len(), 2);
-        assert!(remove_condition(&mut conditions, condition_type::REQUESTOR_FAILED));
+        assert!(remove_condition(
+            &mut conditions,
+            condition_type::REQUESTOR_FAILED
+        ));
         assert_eq!(conditions.len(), 1);
     }
 }

@@ -272,7 +272,7 @@ impl DrainRules {
     }
 
     /// Whether any container or init container requests (in `requests` or `limits`) a resource
-    /// whose name one of the filters matches. Like the reference implementation, a regex matches
+    /// whose name one of the filters matches. As in the NVIDIA operator, a regex matches
     /// anywhere in the name unless anchored with `^`/`$`.
     fn passes_eviction_filters(&self, pod: &Pod) -> bool {
         let Some(filters) = &self.resource_filters else {

@@ -206,8 +206,12 @@ mod tests {
             Status::failure(message, "")
                 .with_code(code)
                 .with_details(StatusDetails {
+                    name: String::new(),
+                    group: String::new(),
+                    kind: String::new(),
+                    uid: String::new(),
                     causes,
-                    ..StatusDetails::default()
+                    retry_after_seconds: 0,
                 })
                 .boxed(),
         )

@@ -3,11 +3,11 @@
 
 pub mod conditions;
 pub mod context;
+pub mod drain_plan;
 pub mod evictor;
+pub mod label_selector;
 pub mod metrics;
 pub mod node_actor;
+pub mod scheduler;
 pub mod supervisor;
 pub mod task;
-pub mod scheduler;
-pub mod drain_plan;
-pub mod label_selector;

@@ -13,8 +13,7 @@ const PREFIX: &str = "maintenance_operator";
 
 /// Buckets for phases and drains: from a second to a few hours.
 const LONG_BUCKETS: &[f64] = &[
-    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
-    7200.0,
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0,
 ];
 /// Buckets for one scheduler round: microseconds to a second.
 const FAST_BUCKETS: &[f64] = &[
@@ -211,7 +210,9 @@ mod tests {
         m.eviction_requests_total
             .with_label_values(&["evicted", "201"])
             .inc();
-        m.pods_blocked_by_pdb.with_label_values(&["ns", "p"]).set(1.0);
+        m.pods_blocked_by_pdb
+            .with_label_values(&["ns", "p"])
+            .set(1.0);
         m.seconds_since_progress.with_label_values(&["n"]).set(1.0);
         m.phase_duration_seconds
             .with_label_values(&["Draining"])
@@ -222,6 +223,9 @@ mod tests {
         let names = m.metric_names();
         assert_eq!(names.len(), 17, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
-        assert!(m.render().contains("maintenance_operator_requests{phase=\"Pending\"} 0"));
+        assert!(
+            m.render()
+                .contains("maintenance_operator_requests{phase=\"Pending\"} 0")
+        );
     }
 }

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::ResourceExt;
 use maintenance_crds::{
     BlockedPod, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
     NodeMaintenanceStatus, Phase, condition_type,
@@ -175,9 +175,8 @@ impl Actor for NodeActor {
             }
             Err(err) => {
                 state.consecutive_errors += 1;
-                let delay = Duration::from_millis(
-                    (250u64 << state.consecutive_errors.min(7)).min(30_000),
-                );
+                let delay =
+                    Duration::from_millis((250u64 << state.consecutive_errors.min(7)).min(30_000));
                 if is_conflict(&err) {
                     // Someone else wrote the object: read it again and go on.
                     refresh(state).await;
@@ -592,9 +591,7 @@ fn blocked_entry(key: &str, entry: &PodEviction) -> Option<BlockedPod> {
         ),
         EvictionOutcome::MultiplePdbs { message } => (
             "MultiplePDBs",
-            format!(
-                "{message}; remove the extra PodDisruptionBudget so that one covers the pod"
-            ),
+            format!("{message}; remove the extra PodDisruptionBudget so that one covers the pod"),
         ),
         EvictionOutcome::Error { code, message } => (
             "Error",
@@ -605,7 +602,10 @@ fn blocked_entry(key: &str, entry: &PodEviction) -> Option<BlockedPod> {
         ),
         EvictionOutcome::Evicted | EvictionOutcome::Gone => {
             if entry.accepted {
-                ("Terminating", "evicted; waiting for the pod to terminate".to_string())
+                (
+                    "Terminating",
+                    "evicted; waiting for the pod to terminate".to_string(),
+                )
             } else {
                 return None;
             }
@@ -635,11 +635,7 @@ async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), 
         .iter()
         .map(|p| {
             (
-                format!(
-                    "{}/{}",
-                    p.namespace().unwrap_or_default(),
-                    p.name_any()
-                ),
+                format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
                 p.uid(),
             )
         })
@@ -697,35 +693,42 @@ async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), 
     let mut blocked: Vec<BlockedPod> = plan
         .blocked
         .iter()
-        .map(|(pod, reason)| BlockedPod {
-            pod: pod.key(),
-            reason: reason.reason().to_string(),
-            message: reason.message(&pod.key()),
-        })
+        .map(|(pod, reason)| reason.to_blocked_pod(pod))
+        .collect();
+    // Terminating pods (evicted by us, even before a restart, or by anyone) are waited for
+    // until their object is gone: the node is not drained while they still run.
+    let terminating: Vec<String> = plan
+        .skipped
+        .iter()
+        .filter(|(_, why)| matches!(why, drain_plan::SkipReason::Terminating))
+        .map(|(p, _)| p.key())
         .collect();
     let mut remaining: Vec<String> = plan
         .to_evict
         .iter()
         .map(|p| p.key())
         .chain(plan.blocked.iter().map(|(p, _)| p.key()))
+        .chain(terminating.iter().cloned())
         .collect();
     for (key, entry) in &state.evictions {
-        if entry.accepted && !remaining.contains(key) {
-            remaining.push(key.clone());
-        }
-        if let Some(b) = blocked_entry(key, entry) {
+        if let Some(b) = blocked_entry(key, entry)
+            && !terminating.contains(key)
+        {
             blocked.push(b);
         }
+    }
+    for key in &terminating {
+        blocked.push(BlockedPod {
+            pod: key.clone(),
+            reason: "Terminating".to_string(),
+            message: "evicted; waiting for the pod to terminate".to_string(),
+        });
     }
     remaining.sort();
     blocked.sort_by(|a, b| a.pod.cmp(&b.pod));
     update_pdb_metrics(state);
 
-    let previous = state
-        .request
-        .status
-        .as_ref()
-        .and_then(|s| s.drain.clone());
+    let previous = state.request.status.as_ref().and_then(|s| s.drain.clone());
     let eviction_pods = previous
         .as_ref()
         .map_or(0, |d| usize::try_from(d.eviction_pods).unwrap_or(0))

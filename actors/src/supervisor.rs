@@ -67,7 +67,13 @@ fn spawn_watch<K>(
     queued: Arc<AtomicBool>,
 ) -> (Store<K>, AbortOnDrop)
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store();
@@ -132,10 +138,7 @@ impl Actor for Supervisor {
             queued.clone(),
         );
         let (configs, w3) = spawn_watch(
-            Api::<MaintenanceOperatorConfig>::namespaced(
-                client.clone(),
-                &ctx.namespace,
-            ),
+            Api::<MaintenanceOperatorConfig>::namespaced(client.clone(), &ctx.namespace),
             watcher::Config::default().fields(&format!("metadata.name={DEFAULT_CONFIG_NAME}")),
             |o| o.managed_fields_mut().clear(),
             myself.clone(),
@@ -144,7 +147,10 @@ impl Actor for Supervisor {
         for (what, ready) in [
             ("NodeMaintenances", requests.wait_until_ready().await),
             ("Nodes", nodes.wait_until_ready().await),
-            ("MaintenanceOperatorConfig", configs.wait_until_ready().await),
+            (
+                "MaintenanceOperatorConfig",
+                configs.wait_until_ready().await,
+            ),
         ] {
             ready.map_err(|_| format!("the {what} watch stopped before its first list"))?;
         }
@@ -213,7 +219,8 @@ impl Actor for Supervisor {
                     state.actors.remove(&uid);
                     state.forwarded.remove(&uid);
                     let attempts = state.restarts.get(&uid).map_or(0, |(n, _)| *n) + 1;
-                    let delay = (RESTART_MIN * 2u32.saturating_pow(attempts.min(10))).min(RESTART_MAX);
+                    let delay =
+                        (RESTART_MIN * 2u32.saturating_pow(attempts.min(10))).min(RESTART_MAX);
                     tracing::error!(%uid, %err, restart_in = ?delay, "node actor failed; restarting");
                     state.ctx.metrics.actor_restarts_total.inc();
                     state
@@ -235,17 +242,22 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     let ctx = state.ctx.clone();
     let requests = state.requests.state();
     let nodes = state.nodes.state();
-    let config = state.configs.get(&reflector::ObjectRef::new(DEFAULT_CONFIG_NAME).within(&ctx.namespace));
+    let config = state
+        .configs
+        .get(&reflector::ObjectRef::new(DEFAULT_CONFIG_NAME).within(&ctx.namespace));
     let config_spec = config.as_ref().map(|c| c.spec.clone());
 
     ctx.evictor.set_rate(EvictionRate {
-        per_second: config_spec.as_ref().map_or(
-            maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND,
-            |c| c.evictions_per_second(),
-        ),
+        per_second: config_spec
+            .as_ref()
+            .map_or(maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND, |c| {
+                c.evictions_per_second()
+            }),
         burst: config_spec
             .as_ref()
-            .map_or(maintenance_crds::DEFAULT_EVICTION_BURST, |c| c.eviction_burst()),
+            .map_or(maintenance_crds::DEFAULT_EVICTION_BURST, |c| {
+                c.eviction_burst()
+            }),
     });
 
     // The cache has caught up with admissions it now shows past Pending (or gone).
@@ -258,7 +270,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     mark_new_requests_pending(&ctx, &requests).await;
 
     let limits = Limits::from_config(config_spec.as_ref());
-    let mut snapshot = Snapshot::from_objects(nodes.iter().map(|n| &**n), requests.iter().map(|r| &**r));
+    let mut snapshot =
+        Snapshot::from_objects(nodes.iter().map(|n| &**n), requests.iter().map(|r| &**r));
     for request in &mut snapshot.requests {
         let admitted = requests.iter().any(|r| {
             r.uid().is_some_and(|u| state.admitted.contains(&u))
@@ -272,13 +285,16 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     update_phase_gauge(&ctx, &requests);
     match scheduler::schedule(&snapshot, &limits) {
         Ok(decision) => {
-            ctx.metrics.available_slots.set(i64::from(decision.available_slots));
+            ctx.metrics
+                .available_slots
+                .set(i64::from(decision.available_slots));
             ctx.metrics
                 .can_become_unavailable
                 .set(decision.can_become_unavailable.map_or(-1, i64::from));
             for key in &decision.scheduled {
                 let Some(request) = requests.iter().find(|r| {
-                    r.namespace().as_deref() == Some(key.namespace.as_str()) && r.name_any() == key.name
+                    r.namespace().as_deref() == Some(key.namespace.as_str())
+                        && r.name_any() == key.name
                 }) else {
                     continue;
                 };
@@ -366,12 +382,14 @@ async fn admit(ctx: &Context, request: &NodeMaintenance) -> Result<NodeMaintenan
         .get_opt(&request.spec.node_name)
         .await?;
     let mut owners = request.owner_references().to_vec();
-    if let Some(node_ref) = node.as_ref().and_then(|n| n.controller_owner_ref(&()).map(|mut o| {
-        // An owner, not a controller: the node does not manage the request.
-        o.controller = None;
-        o.block_owner_deletion = None;
-        o
-    })) {
+    if let Some(node_ref) = node.as_ref().and_then(|n| {
+        n.controller_owner_ref(&()).map(|mut o| {
+            // An owner, not a controller: the node does not manage the request.
+            o.controller = None;
+            o.block_owner_deletion = None;
+            o
+        })
+    }) {
         if !owners.iter().any(|o| o.uid == node_ref.uid) {
             owners.push(node_ref);
         }
@@ -384,7 +402,11 @@ async fn admit(ctx: &Context, request: &NodeMaintenance) -> Result<NodeMaintenan
         }
     });
     let with_finalizer = api
-        .patch(&request.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &request.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await?;
     ctx.transition(&with_finalizer, Phase::Scheduled, "admitted", |_| {})
         .await
