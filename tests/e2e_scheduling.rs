@@ -1,0 +1,291 @@
+//! The scheduling algorithm's worked examples, ordering and config edits, reproduced on a live
+//! control plane with the operator running as a process. Limits count every node of the cluster,
+//! so each test has a control plane of its own.
+
+mod support;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use kube::Client;
+use maintenance_crds::{MaintenanceOperatorConfigSpec, NodeMaintenanceSpec, Phase};
+use support::operator::*;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Cluster {
+    testbed: Testbed,
+    client: Client,
+    nodes: Vec<String>,
+    ns: String,
+}
+
+/// A control plane with `nodes` Ready nodes (the first `unavailable` cordoned), the CRDs and the
+/// config; the operator is started by the test.
+async fn cluster(
+    nodes: usize,
+    unavailable: usize,
+    config: MaintenanceOperatorConfigSpec,
+) -> Result<Cluster> {
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(&client, Some(config)).await?;
+    let names = create_nodes(&client, "node", nodes, &[]).await?;
+    wait_nodes_ready(&client, &names, WAIT).await?;
+    for node in names.iter().take(unavailable) {
+        cordon_node(&client, node).await?;
+    }
+    let ns = unique_name("sched");
+    create_namespace(&client, &ns).await?;
+    Ok(Cluster {
+        testbed,
+        client,
+        nodes: names,
+        ns,
+    })
+}
+
+/// Creates one request per (name, node, requestor), in order.
+async fn requests(c: &Cluster, specs: &[(&str, &str, &str)]) -> Result<()> {
+    for (name, node, requestor) in specs {
+        create_request(&c.client, &c.ns, name, request_spec(node, requestor)).await?;
+    }
+    Ok(())
+}
+
+/// Waits until exactly `expected` requests are past Pending and the operator has run further
+/// rounds without admitting more; returns their names.
+async fn admitted_settles_at(c: &Cluster, op: &Operator, expected: usize) -> Result<Vec<String>> {
+    wait_for(
+        &format!("{expected} requests past Pending"),
+        WAIT,
+        || async {
+            let admitted = past_pending(&list_requests(&c.client, &c.ns).await?);
+            anyhow::ensure!(
+                admitted.len() <= expected,
+                "more than {expected} admitted: {admitted:?}"
+            );
+            Ok((admitted.len() == expected).then_some(()))
+        },
+    )
+    .await?;
+    // Rounds triggered by the tick and by the status writes of admitted requests.
+    wait_scheduler_rounds(op, 3).await?;
+    let all = list_requests(&c.client, &c.ns).await?;
+    let admitted = past_pending(&all);
+    assert_eq!(
+        admitted.len(),
+        expected,
+        "admitted after more rounds: {admitted:?}"
+    );
+    // Everything else says Pending, with a condition (the operator saw it).
+    for r in &all {
+        if r.phase() == Phase::Pending {
+            assert!(
+                r.condition("Ready").is_some(),
+                "{} has no Ready condition",
+                r.key()
+            );
+        }
+    }
+    Ok(admitted)
+}
+
+#[tokio::test]
+async fn example_one_max_parallel_limits_admission() -> Result<()> {
+    // 10 nodes, maxParallelOperations=2, maxUnavailable=5, 5 pending -> 2 scheduled.
+    let c = cluster(10, 0, limits(2, 5)).await?;
+    let op = Operator::start(&c.testbed, &[]).await?;
+    let specs: Vec<(String, String)> = (0..5)
+        .map(|i| (format!("r{i}"), c.nodes[i].clone()))
+        .collect();
+    let specs: Vec<(&str, &str, &str)> = specs
+        .iter()
+        .map(|(n, node)| (n.as_str(), node.as_str(), "upgrade.example.com"))
+        .collect();
+    requests(&c, &specs).await?;
+    admitted_settles_at(&c, &op, 2).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn example_two_max_unavailable_counts_unavailable_nodes() -> Result<()> {
+    // 10 nodes of which 2 unavailable, maxParallelOperations=5, maxUnavailable=3,
+    // 3 pending on available nodes -> 1 scheduled.
+    let c = cluster(10, 2, limits(5, 3)).await?;
+    let op = Operator::start(&c.testbed, &[]).await?;
+    let n = &c.nodes;
+    requests(
+        &c,
+        &[
+            ("a", &n[2], "fw.example.com"),
+            ("b", &n[3], "fw.example.com"),
+            ("c", &n[4], "fw.example.com"),
+        ],
+    )
+    .await?;
+    admitted_settles_at(&c, &op, 1).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn requests_on_unavailable_nodes_do_not_use_up_max_unavailable() -> Result<()> {
+    // availableSlots=3 (maxParallelOperations=3), canBecomeUnavailable=1 (maxUnavailable=3 with 2
+    // nodes cordoned): 2 requests on the unavailable nodes + 1 on an available node -> 3.
+    let c = cluster(10, 2, limits(3, 3)).await?;
+    let op = Operator::start(&c.testbed, &[]).await?;
+    let n = &c.nodes;
+    requests(
+        &c,
+        &[
+            ("on-cordoned-0", &n[0], "os.example.com"),
+            ("on-cordoned-1", &n[1], "os.example.com"),
+            ("on-available", &n[2], "os.example.com"),
+        ],
+    )
+    .await?;
+    admitted_settles_at(&c, &op, 3).await?;
+    // We did not cordon the nodes that were already cordoned, so we must not uncordon them.
+    for name in ["on-cordoned-0", "on-cordoned-1"] {
+        wait_phase(&c.client, &c.ns, name, Phase::Ready, WAIT).await?;
+        delete_request(&c.client, &c.ns, name).await?;
+        wait_request_gone(&c.client, &c.ns, name, WAIT).await?;
+    }
+    assert!(node_unschedulable(&c.client, &n[0]).await?);
+    assert!(node_unschedulable(&c.client, &n[1]).await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn requests_on_available_nodes_are_bounded_by_can_become_unavailable() -> Result<()> {
+    // Same limits, 3 requests on available nodes -> 1.
+    let c = cluster(10, 2, limits(3, 3)).await?;
+    let op = Operator::start(&c.testbed, &[]).await?;
+    let n = &c.nodes;
+    requests(
+        &c,
+        &[
+            ("x", &n[2], "os.example.com"),
+            ("y", &n[3], "os.example.com"),
+            ("z", &n[4], "os.example.com"),
+        ],
+    )
+    .await?;
+    admitted_settles_at(&c, &op, 1).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn max_unavailable_zero_only_lets_already_unavailable_nodes_proceed() -> Result<()> {
+    let c = cluster(10, 2, limits(5, 0)).await?;
+    let op = Operator::start(&c.testbed, &[]).await?;
+    let n = &c.nodes;
+    requests(
+        &c,
+        &[
+            ("down-0", &n[0], "k8s.example.com"),
+            ("down-1", &n[1], "k8s.example.com"),
+            ("up-2", &n[2], "k8s.example.com"),
+            ("up-3", &n[3], "k8s.example.com"),
+        ],
+    )
+    .await?;
+    let admitted = admitted_settles_at(&c, &op, 2).await?;
+    assert_eq!(admitted, vec!["down-0", "down-1"]);
+    for name in ["down-0", "down-1"] {
+        wait_phase(&c.client, &c.ns, name, Phase::Ready, WAIT).await?;
+    }
+    assert!(!node_unschedulable(&c.client, &n[2]).await?);
+    assert!(!node_unschedulable(&c.client, &n[3]).await?);
+    // Lifting the limit lets the others go, without a restart.
+    set_config(&c.client, limits(5, 4)).await?;
+    admitted_settles_at(&c, &op, 4).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn ordering_prefers_requestors_in_progress_then_fewer_pending_then_older() -> Result<()> {
+    let c = cluster(7, 0, limits(2, None)).await?;
+    let op = Operator::start(&c.testbed, &[]).await?;
+    let n = &c.nodes;
+    // A and X take both slots; A's stays in progress throughout.
+    requests(
+        &c,
+        &[
+            ("a-1", &n[0], "a.example.com"),
+            ("x-1", &n[1], "x.example.com"),
+        ],
+    )
+    .await?;
+    wait_phase(&c.client, &c.ns, "a-1", Phase::Ready, WAIT).await?;
+    wait_phase(&c.client, &c.ns, "x-1", Phase::Ready, WAIT).await?;
+    // Then, oldest first: B (2 pending), C (1 pending), A's second.
+    requests(
+        &c,
+        &[
+            ("b-1", &n[2], "b.example.com"),
+            ("b-2", &n[3], "b.example.com"),
+            ("c-1", &n[4], "c.example.com"),
+            ("a-2", &n[5], "a.example.com"),
+        ],
+    )
+    .await?;
+    wait_scheduler_rounds(&op, 2).await?;
+    let mut order = Vec::new();
+    let mut previous = "x-1".to_string();
+    for _ in 0..4 {
+        delete_request(&c.client, &c.ns, &previous).await?;
+        wait_request_gone(&c.client, &c.ns, &previous, WAIT).await?;
+        let next = wait_for("the next admission", WAIT, || async {
+            let admitted: Vec<String> = past_pending(&list_requests(&c.client, &c.ns).await?)
+                .into_iter()
+                .filter(|name| name != "a-1")
+                .collect();
+            Ok(admitted.into_iter().next())
+        })
+        .await?;
+        wait_phase(&c.client, &c.ns, &next, Phase::Ready, WAIT).await?;
+        let admitted = past_pending(&list_requests(&c.client, &c.ns).await?);
+        assert_eq!(
+            admitted.len(),
+            2,
+            "one slot freed, one admitted: {admitted:?}"
+        );
+        order.push(next.clone());
+        previous = next;
+    }
+    // a-2: its requestor has a maintenance in progress; c-1: fewer pending than B; then B by age.
+    assert_eq!(order, vec!["a-2", "c-1", "b-1", "b-2"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn config_edits_apply_without_restart_and_deleting_it_restores_defaults() -> Result<()> {
+    let c = cluster(6, 0, limits(1, None)).await?;
+    let op = Operator::start(&c.testbed, &[]).await?;
+    let n = &c.nodes;
+    let specs: Vec<(String, NodeMaintenanceSpec)> = (0..5)
+        .map(|i| (format!("r{i}"), request_spec(&n[i], "cfg.example.com")))
+        .collect();
+    for (name, spec) in &specs {
+        create_request(&c.client, &c.ns, name, spec.clone()).await?;
+    }
+    admitted_settles_at(&c, &op, 1).await?;
+    set_config(&c.client, limits(3, None)).await?;
+    admitted_settles_at(&c, &op, 3).await?;
+    // Without a config the default (maxParallelOperations 1) applies: 3 in progress, none more.
+    kube::Api::<maintenance_crds::MaintenanceOperatorConfig>::namespaced(
+        c.client.clone(),
+        OPERATOR_NAMESPACE,
+    )
+    .delete("default", &Default::default())
+    .await?;
+    let admitted = admitted_settles_at(&c, &op, 3).await?;
+    for name in &admitted {
+        delete_request(&c.client, &c.ns, name).await?;
+    }
+    // With all three released, the default admits exactly one more.
+    admitted_settles_at(&c, &op, 1).await?;
+    Ok(())
+}

@@ -1,0 +1,340 @@
+//! The operator as a real process against a testbed, and helpers for NodeMaintenance objects.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use maintenance_crds::{
+    DrainSpec, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance,
+    NodeMaintenanceSpec, Phase,
+};
+
+use super::{Testbed, wait_for};
+
+/// The namespace the operator runs in during tests (as the chart installs it).
+pub const OPERATOR_NAMESPACE: &str = "maintenance-operator";
+
+/// The operator binary, running until dropped (or killed).
+pub struct Operator {
+    child: Option<Child>,
+    pub metrics_port: u16,
+    pub log: PathBuf,
+    args: Vec<String>,
+    kubeconfig: PathBuf,
+}
+
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl Operator {
+    /// Starts `maintenance-operator run` against `testbed`, with `extra` arguments, and waits
+    /// until `/readyz` answers 200.
+    pub async fn start(testbed: &Testbed, extra: &[&str]) -> Result<Operator> {
+        Operator::start_with_kubeconfig(testbed.kubeconfig_path(), testbed.dir(), extra).await
+    }
+
+    pub async fn start_with_kubeconfig(
+        kubeconfig: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+    ) -> Result<Operator> {
+        let mut op = Operator {
+            child: None,
+            metrics_port: 0,
+            log: PathBuf::new(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            kubeconfig: kubeconfig.to_path_buf(),
+        };
+        op.log = log_dir.join(format!("operator-{}.log", super::unique_name("op")));
+        op.spawn()?;
+        op.wait_ready().await?;
+        Ok(op)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        self.metrics_port = free_port()?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        let child = Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
+            .arg("run")
+            .arg("--namespace")
+            .arg(OPERATOR_NAMESPACE)
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{}", self.metrics_port))
+            .arg("--tick-seconds")
+            .arg("2")
+            .args(&self.args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info,maintenance_actors=debug,kube=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the operator binary")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub async fn wait_ready(&mut self) -> Result<()> {
+        let url = format!("http://127.0.0.1:{}/readyz", self.metrics_port);
+        let log = self.log.clone();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                bail!(
+                    "the operator exited with {status} before becoming ready; log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            if http_get(&url).await.is_ok_and(|(code, _)| code == 200) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "the operator did not become ready in 60s; log: {}",
+                    log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// SIGKILL: no cleanup, as a crash or an OOM kill would do.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same process again (after [`Operator::kill`]).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()?;
+        self.wait_ready().await
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub async fn metrics(&self) -> Result<String> {
+        let (code, body) =
+            http_get(&format!("http://127.0.0.1:{}/metrics", self.metrics_port)).await?;
+        if code != 200 {
+            bail!("/metrics answered {code}");
+        }
+        Ok(body)
+    }
+
+    /// The value of one sample (`name` with its labels as printed, e.g. `x{a="b"}`).
+    pub async fn metric(&self, sample: &str) -> Result<f64> {
+        let text = self.metrics().await?;
+        metric_value(&text, sample).with_context(|| format!("no sample {sample} in /metrics"))
+    }
+}
+
+pub fn metric_value(text: &str, sample: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == sample).then(|| value.parse().ok())?
+    })
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A tiny HTTP/1.0 GET on loopback (no client crate needed for probes and metrics).
+pub async fn http_get(url: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").context("only http:// URLs")?;
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(host))
+            .await??;
+    stream
+        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await??;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("malformed HTTP answer")?;
+    Ok((code, body.to_string()))
+}
+
+/// CRDs, the operator namespace and (when given) the `default` config: what the chart installs.
+pub async fn install(client: &Client, config: Option<MaintenanceOperatorConfigSpec>) -> Result<()> {
+    super::apply_crds(client).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(OPERATOR_NAMESPACE).await?.is_none() {
+        super::create_namespace(client, OPERATOR_NAMESPACE).await?;
+    }
+    if let Some(spec) = config {
+        set_config(client, spec).await?;
+    }
+    Ok(())
+}
+
+/// Creates or replaces the `default` MaintenanceOperatorConfig.
+pub async fn set_config(client: &Client, spec: MaintenanceOperatorConfigSpec) -> Result<()> {
+    let api: Api<MaintenanceOperatorConfig> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let config = MaintenanceOperatorConfig {
+        metadata: ObjectMeta {
+            name: Some("default".into()),
+            namespace: Some(OPERATOR_NAMESPACE.into()),
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: None,
+    };
+    api.patch(
+        "default",
+        &PatchParams::apply(super::FIELD_MANAGER).force(),
+        &Patch::Apply(&config),
+    )
+    .await
+    .context("applying the default MaintenanceOperatorConfig")?;
+    Ok(())
+}
+
+pub fn limits(
+    max_parallel: impl Into<Option<i32>>,
+    max_unavailable: impl Into<Option<i32>>,
+) -> MaintenanceOperatorConfigSpec {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    MaintenanceOperatorConfigSpec {
+        max_parallel_operations: max_parallel.into().map(IntOrString::Int),
+        max_unavailable: max_unavailable.into().map(IntOrString::Int),
+        ..MaintenanceOperatorConfigSpec::default()
+    }
+}
+
+pub fn request_spec(node: &str, requestor: &str) -> NodeMaintenanceSpec {
+    NodeMaintenanceSpec {
+        requestor_id: requestor.to_string(),
+        node_name: node.to_string(),
+        ..NodeMaintenanceSpec::default()
+    }
+}
+
+pub fn drain_spec(force: bool, timeout_seconds: i32) -> Option<DrainSpec> {
+    Some(DrainSpec {
+        force: Some(force),
+        timeout_seconds: Some(timeout_seconds),
+        ..DrainSpec::default()
+    })
+}
+
+pub async fn create_request(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    spec: NodeMaintenanceSpec,
+) -> Result<NodeMaintenance> {
+    let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), ns);
+    let nm = NodeMaintenance::new(name, spec);
+    api.create(&PostParams::default(), &nm)
+        .await
+        .with_context(|| format!("creating NodeMaintenance {ns}/{name}"))
+}
+
+pub async fn get_request(client: &Client, ns: &str, name: &str) -> Result<Option<NodeMaintenance>> {
+    Ok(Api::<NodeMaintenance>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await?)
+}
+
+pub async fn list_requests(client: &Client, ns: &str) -> Result<Vec<NodeMaintenance>> {
+    Ok(Api::<NodeMaintenance>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await?
+        .items)
+}
+
+pub async fn delete_request(client: &Client, ns: &str, name: &str) -> Result<()> {
+    Api::<NodeMaintenance>::namespaced(client.clone(), ns)
+        .delete(name, &Default::default())
+        .await
+        .with_context(|| format!("deleting NodeMaintenance {ns}/{name}"))?;
+    Ok(())
+}
+
+/// Waits until the request shows `phase` (the reason of its Ready condition).
+pub async fn wait_phase(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    phase: Phase,
+    timeout: Duration,
+) -> Result<NodeMaintenance> {
+    let what = format!("NodeMaintenance {ns}/{name} to reach {phase}");
+    wait_for(&what, timeout, || async {
+        Ok(get_request(client, ns, name)
+            .await?
+            .filter(|nm| nm.phase() == phase && nm.condition("Ready").is_some()))
+    })
+    .await
+}
+
+pub async fn wait_request_gone(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let what = format!("NodeMaintenance {ns}/{name} to be deleted");
+    wait_for(&what, timeout, || async {
+        Ok(get_request(client, ns, name).await?.is_none().then_some(()))
+    })
+    .await
+}
+
+pub async fn node_unschedulable(client: &Client, node: &str) -> Result<bool> {
+    let node: Node = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(node.spec.and_then(|s| s.unschedulable).unwrap_or(false))
+}
+
+/// Requests of `ns` past Pending (admitted at some point and not yet gone).
+pub fn past_pending(requests: &[NodeMaintenance]) -> Vec<String> {
+    let mut names: Vec<String> = requests
+        .iter()
+        .filter(|r| r.phase() != Phase::Pending)
+        .map(|r| r.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Waits until the operator has run at least `rounds` more scheduling rounds, so a test can say
+/// "and nothing else was admitted" without sleeping.
+pub async fn wait_scheduler_rounds(operator: &Operator, rounds: u32) -> Result<()> {
+    let sample = "maintenance_operator_scheduler_runs_total";
+    let start = operator.metric(sample).await?;
+    wait_for(
+        "the operator to run more scheduling rounds",
+        Duration::from_secs(30),
+        || async {
+            Ok((operator.metric(sample).await? >= start + f64::from(rounds)).then_some(()))
+        },
+    )
+    .await
+}
