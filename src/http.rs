@@ -23,9 +23,11 @@ pub async fn serve(addr: SocketAddr, probes: Arc<Probes>) -> anyhow::Result<()> 
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(probes);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|err| anyhow::anyhow!("cannot listen on {addr} for /metrics: {err}; choose another --metrics-addr"))?;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|err| {
+        anyhow::anyhow!(
+            "cannot listen on {addr} for /metrics: {err}; choose another --metrics-addr"
+        )
+    })?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     axum::serve(listener, app).await?;
     Ok(())

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -120,7 +120,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<()> {
         Some(path) => {
             let text = read_input(path)?;
             plan_from_yaml(&text, &args.namespace)
-                .with_context(|| format!("cannot plan from {}", path.display()))?
+                .with_context(|| format!("cannot plan from {}", input_name(path)))?
         }
         None => plan_from_cluster(&args.namespace).await?,
     };
@@ -134,8 +134,21 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn read_input(path: &PathBuf) -> anyhow::Result<String> {
-    if path.as_os_str() == "-" {
+/// `-` stands for stdin, as with kubectl's `-f -`.
+fn is_stdin(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+fn input_name(path: &Path) -> String {
+    if is_stdin(path) {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    }
+}
+
+fn read_input(path: &Path) -> anyhow::Result<String> {
+    if is_stdin(path) {
         let mut text = String::new();
         std::io::stdin()
             .read_to_string(&mut text)
@@ -198,6 +211,11 @@ impl<'a> Input<'a> {
                 "expected a Kubernetes object (a mapping with apiVersion, kind and metadata)",
             ));
         };
+        at.name = object
+            .get("metadata")
+            .and_then(|metadata| metadata.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let kind = match object.get("kind") {
             Some(Value::String(kind)) => kind.clone(),
             _ => {
@@ -207,11 +225,6 @@ impl<'a> Input<'a> {
             }
         };
         at.kind = Some(kind.clone());
-        at.name = object
-            .get("metadata")
-            .and_then(|metadata| metadata.get("name"))
-            .and_then(Value::as_str)
-            .map(str::to_string);
         let api_version = object.get("apiVersion").and_then(Value::as_str);
         // A missing apiVersion is accepted: hand-written files often omit it.
         let api_version_is = |expected: &str| api_version.is_none_or(|v| v == expected);

@@ -111,7 +111,7 @@ impl Context {
             Api::namespaced(self.client.clone(), &nm.namespace().unwrap_or_default());
         let patch = serde_json::json!({
             "metadata": { "resourceVersion": nm.resource_version() },
-            "status": status,
+            "status": status_patch(status),
         });
         api.patch_status(
             &nm.name_any(),
@@ -154,9 +154,15 @@ impl Context {
                     .with_label_values(&[from.as_str()])
                     .observe(seconds);
             }
+            // A request the operator sees for the first time comes from no phase at all.
+            let from_label = if had_ready_condition {
+                from.as_str()
+            } else {
+                "New"
+            };
             self.metrics
                 .phase_transitions_total
-                .with_label_values(&[from.as_str(), phase.as_str()])
+                .with_label_values(&[from_label, phase.as_str()])
                 .inc();
             tracing::info!(request = %nm.key(), node = %nm.spec.node_name, from = %from, to = %phase, "phase changed");
             let note = if message.is_empty() {
@@ -170,6 +176,23 @@ impl Context {
     }
 }
 
+/// The status as a merge patch that also clears what is now empty: serde skips empty lists and
+/// `None`, and a merge patch leaves an omitted field as it was.
+fn status_patch(status: &NodeMaintenanceStatus) -> serde_json::Value {
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        for key in ["conditions", "waitForCompletion", "drain"] {
+            map.entry(key).or_insert(serde_json::Value::Null);
+        }
+        if let Some(drain) = map.get_mut("drain").and_then(|d| d.as_object_mut()) {
+            for key in ["waitForEviction", "blocked"] {
+                drain.entry(key).or_insert(serde_json::Value::Null);
+            }
+        }
+    }
+    value
+}
+
 /// True when a kube error is a 409 Conflict (our copy of the object was stale).
 pub fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == 409)
@@ -178,4 +201,25 @@ pub fn is_conflict(err: &kube::Error) -> bool {
 /// True when a kube error is a 404 Not Found.
 pub fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == 404)
+}
+
+#[cfg(test)]
+mod tests {
+    use maintenance_crds::{DrainStatus, NodeMaintenanceStatus};
+
+    #[test]
+    fn emptied_fields_are_cleared_by_the_patch() {
+        let status = NodeMaintenanceStatus {
+            drain: Some(DrainStatus::default()),
+            ..NodeMaintenanceStatus::default()
+        };
+        let patch = super::status_patch(&status);
+        assert!(patch["waitForCompletion"].is_null());
+        assert!(patch["conditions"].is_null());
+        assert!(patch["drain"]["blocked"].is_null());
+        assert!(patch["drain"]["waitForEviction"].is_null());
+        assert_eq!(patch["drain"]["drainProgress"], 0);
+        let none = super::status_patch(&NodeMaintenanceStatus::default());
+        assert!(none["drain"].is_null());
+    }
 }

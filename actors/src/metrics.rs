@@ -160,25 +160,32 @@ impl Metrics {
         Ok(m)
     }
 
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.requests.clone()),
+            Box::new(self.phase_duration_seconds.clone()),
+            Box::new(self.phase_transitions_total.clone()),
+            Box::new(self.scheduler_runs_total.clone()),
+            Box::new(self.scheduler_run_duration_seconds.clone()),
+            Box::new(self.available_slots.clone()),
+            Box::new(self.can_become_unavailable.clone()),
+            Box::new(self.requests_admitted_total.clone()),
+            Box::new(self.eviction_requests_total.clone()),
+            Box::new(self.eviction_retries_total.clone()),
+            Box::new(self.pods_blocked_by_pdb.clone()),
+            Box::new(self.drain_duration_seconds.clone()),
+            Box::new(self.seconds_since_progress.clone()),
+            Box::new(self.node_actors.clone()),
+            Box::new(self.actor_restarts_total.clone()),
+            Box::new(self.errors_total.clone()),
+            Box::new(self.leader.clone()),
+        ]
+    }
+
     fn register_all(&self) -> Result<(), MetricsError> {
-        let r = &self.registry;
-        r.register(Box::new(self.requests.clone()))?;
-        r.register(Box::new(self.phase_duration_seconds.clone()))?;
-        r.register(Box::new(self.phase_transitions_total.clone()))?;
-        r.register(Box::new(self.scheduler_runs_total.clone()))?;
-        r.register(Box::new(self.scheduler_run_duration_seconds.clone()))?;
-        r.register(Box::new(self.available_slots.clone()))?;
-        r.register(Box::new(self.can_become_unavailable.clone()))?;
-        r.register(Box::new(self.requests_admitted_total.clone()))?;
-        r.register(Box::new(self.eviction_requests_total.clone()))?;
-        r.register(Box::new(self.eviction_retries_total.clone()))?;
-        r.register(Box::new(self.pods_blocked_by_pdb.clone()))?;
-        r.register(Box::new(self.drain_duration_seconds.clone()))?;
-        r.register(Box::new(self.seconds_since_progress.clone()))?;
-        r.register(Box::new(self.node_actors.clone()))?;
-        r.register(Box::new(self.actor_restarts_total.clone()))?;
-        r.register(Box::new(self.errors_total.clone()))?;
-        r.register(Box::new(self.leader.clone()))?;
+        for collector in self.collectors() {
+            self.registry.register(collector)?;
+        }
         Ok(())
     }
 
@@ -191,12 +198,17 @@ impl Metrics {
         String::from_utf8_lossy(&buf).into_owned()
     }
 
-    /// Every metric family name the operator exports (histograms as their base name).
+    /// Every metric family name the operator exports (histograms as their base name), including
+    /// labelled families that have no sample yet.
     pub fn metric_names(&self) -> Vec<String> {
-        self.registry
-            .gather()
+        self.collectors()
             .iter()
-            .map(|f| f.name().to_string())
+            .flat_map(|c| {
+                c.desc()
+                    .into_iter()
+                    .map(|d| d.fq_name.clone())
+                    .collect::<Vec<_>>()
+            })
             .collect()
     }
 }

@@ -184,7 +184,7 @@ pub enum ScheduleError {
 
 /// Runs one scheduling round (design guide, section 5).
 pub fn schedule(snapshot: &Snapshot, limits: &Limits) -> Result<Decision, ScheduleError> {
-    let total_nodes = u32::try_from(snapshot.nodes.len()).unwrap_or(u32::MAX);
+    let total_nodes = count(snapshot.nodes.len());
     let max_parallel_operations = resolve_int_or_percent(
         MAX_PARALLEL_OPERATIONS_FIELD,
         &limits.max_parallel_operations,

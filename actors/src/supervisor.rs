@@ -382,17 +382,19 @@ async fn admit(ctx: &Context, request: &NodeMaintenance) -> Result<NodeMaintenan
         .get_opt(&request.spec.node_name)
         .await?;
     let mut owners = request.owner_references().to_vec();
-    if let Some(node_ref) = node.as_ref().and_then(|n| {
-        n.controller_owner_ref(&()).map(|mut o| {
-            // An owner, not a controller: the node does not manage the request.
+    // An owner, not a controller: the node does not manage the request.
+    let node_ref = node
+        .as_ref()
+        .and_then(|n| n.controller_owner_ref(&()))
+        .map(|mut o| {
             o.controller = None;
             o.block_owner_deletion = None;
             o
-        })
-    }) {
-        if !owners.iter().any(|o| o.uid == node_ref.uid) {
-            owners.push(node_ref);
-        }
+        });
+    if let Some(node_ref) = node_ref
+        && !owners.iter().any(|o| o.uid == node_ref.uid)
+    {
+        owners.push(node_ref);
     }
     let patch = serde_json::json!({
         "metadata": {

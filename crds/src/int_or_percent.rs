@@ -65,16 +65,34 @@ mod tests {
 
     #[test]
     fn integers_pass_through() {
-        assert_eq!(resolve_int_or_percent("f", &IntOrString::Int(3), 10, Rounding::Up), Ok(3));
+        assert_eq!(
+            resolve_int_or_percent("f", &IntOrString::Int(3), 10, Rounding::Up),
+            Ok(3)
+        );
     }
 
     #[test]
     fn percentages_round_as_asked() {
-        assert_eq!(resolve_int_or_percent("f", &pct("15%"), 10, Rounding::Up), Ok(2));
-        assert_eq!(resolve_int_or_percent("f", &pct("15%"), 10, Rounding::Down), Ok(1));
-        assert_eq!(resolve_int_or_percent("f", &pct("100%"), 7, Rounding::Down), Ok(7));
-        assert_eq!(resolve_int_or_percent("f", &pct("0%"), 7, Rounding::Up), Ok(0));
-        assert_eq!(resolve_int_or_percent("f", &pct("1%"), 5000, Rounding::Up), Ok(50));
+        assert_eq!(
+            resolve_int_or_percent("f", &pct("15%"), 10, Rounding::Up),
+            Ok(2)
+        );
+        assert_eq!(
+            resolve_int_or_percent("f", &pct("15%"), 10, Rounding::Down),
+            Ok(1)
+        );
+        assert_eq!(
+            resolve_int_or_percent("f", &pct("100%"), 7, Rounding::Down),
+            Ok(7)
+        );
+        assert_eq!(
+            resolve_int_or_percent("f", &pct("0%"), 7, Rounding::Up),
+            Ok(0)
+        );
+        assert_eq!(
+            resolve_int_or_percent("f", &pct("1%"), 5000, Rounding::Up),
+            Ok(50)
+        );
     }
 
     #[test]

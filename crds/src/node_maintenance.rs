@@ -65,6 +65,8 @@ impl std::fmt::Display for Phase {
 }
 
 /// A request to take one node out of service for maintenance.
+// kube's printcolumn(...) repeats `type_` per column, which clippy mistakes for a duplicate.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "maintenance.nvidia.com",
@@ -92,7 +94,11 @@ impl std::fmt::Display for Phase {
         type_ = "string",
         json_path = ".status.conditions[?(@.type=='Failed')].reason"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeMaintenanceSpec {

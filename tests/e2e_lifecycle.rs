@@ -1,0 +1,452 @@
+//! The whole life of a request on a live control plane: admission, cordon, drain, Ready, cleanup;
+//! additional requestors, RequestorFailed, node deletion, and kill-and-restart resume.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use maintenance_crds::{
+    FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, Phase, WaitForPodCompletionSpec,
+};
+use support::operator::*;
+use support::*;
+use tokio::sync::OnceCell;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// One control plane and one operator for the tests of this file that do not depend on the
+/// cluster-wide limits (maxParallelOperations is effectively unlimited here).
+struct Shared {
+    testbed: &'static Testbed,
+    _operator: Operator,
+}
+
+async fn shared() -> Result<&'static Shared> {
+    static SHARED: OnceCell<Shared> = OnceCell::const_new();
+    SHARED
+        .get_or_try_init(|| async {
+            let testbed = Testbed::shared().await?;
+            let client = testbed.client().await?;
+            install(&client, Some(limits(1000, None))).await?;
+            let operator = Operator::start(testbed, &[]).await?;
+            Ok(Shared {
+                testbed,
+                _operator: operator,
+            })
+        })
+        .await
+}
+
+/// A namespace, `count` fresh nodes, and a client of this test's own runtime.
+async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String>)> {
+    let shared = shared().await?;
+    let client = shared.testbed.client().await?;
+    let ns = unique_name(prefix);
+    create_namespace(&client, &ns).await?;
+    let nodes = create_nodes(&client, &unique_name(prefix), count, &[]).await?;
+    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    Ok((client, ns, nodes))
+}
+
+async fn add_node_label(client: &Client, node: &str, key: &str, value: &str) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {key: value}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn pods_on_node(client: &Client, ns: &str, node: &str) -> Result<Vec<Pod>> {
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Ok(Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await?
+        .items)
+}
+
+async fn event_reasons(client: &Client, ns: &str, request: &str) -> Result<Vec<String>> {
+    let lp = ListParams::default().fields(&format!("regarding.name={request}"));
+    let mut events = Api::<Event>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await?
+        .items;
+    events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    Ok(events.into_iter().filter_map(|e| e.reason).collect())
+}
+
+#[tokio::test]
+async fn full_lifecycle_cordons_drains_and_uncordons() -> Result<()> {
+    let (client, ns, nodes) = setup("life", 3).await?;
+    let target = &nodes[0];
+    let labels = [("app", "web")];
+    // Pods start on the target only; the label then goes to the other nodes too, so that
+    // replacements have somewhere to go (a label, not a template change: no rollout).
+    add_node_label(&client, target, "pool", &ns).await?;
+    create_deployment(
+        &client,
+        &ns,
+        "web",
+        4,
+        &labels,
+        &PodSpecOptions::on_nodes_labelled("pool", &ns),
+    )
+    .await?;
+    wait_pods_ready(&client, &ns, "app=web", 4, WAIT).await?;
+    for node in &nodes[1..] {
+        add_node_label(&client, node, "pool", &ns).await?;
+    }
+    assert_eq!(pods_on_node(&client, &ns, target).await?.len(), 4);
+
+    let mut spec = request_spec(target, "lifecycle.example.com");
+    spec.drain_spec = drain_spec(false, 120);
+    create_request(&client, &ns, "maint", spec).await?;
+    let ready = wait_phase(&client, &ns, "maint", Phase::Ready, WAIT).await?;
+
+    assert!(node_unschedulable(&client, target).await?, "node cordoned");
+    assert!(ready.finalizers().iter().any(|f| f == FINALIZER));
+    assert_eq!(
+        ready
+            .annotations()
+            .get(INITIAL_UNSCHEDULABLE_ANNOTATION)
+            .map(String::as_str),
+        Some("false")
+    );
+    let condition = ready.condition("Ready").context("Ready condition")?;
+    assert_eq!(condition.status, "True");
+    let drain = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.drain.clone())
+        .context("drain status")?;
+    assert_eq!(drain.drain_progress, 100);
+    assert!(drain.wait_for_eviction.is_empty());
+    let left = pods_on_node(&client, &ns, target).await?;
+    assert!(
+        left.is_empty(),
+        "pods left on the node: {:?}",
+        left.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    // The node is owner of the request, so deleting the node removes it.
+    assert!(
+        ready
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "Node" && o.name == *target)
+    );
+    let reasons = wait_for("the phase events", WAIT, || async {
+        let reasons = event_reasons(&client, &ns, "maint").await?;
+        let all = ["Pending", "Scheduled", "Cordon", "Draining", "Ready"]
+            .iter()
+            .all(|r| reasons.iter().any(|x| x == r));
+        Ok(all.then_some(reasons))
+    })
+    .await?;
+    assert!(!reasons.iter().any(|r| r == "WaitForPodCompletion"));
+
+    delete_request(&client, &ns, "maint").await?;
+    wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    assert!(
+        !node_unschedulable(&client, target).await?,
+        "node uncordoned"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
+    let (client, ns, nodes) = setup("nocordon", 1).await?;
+    let mut spec = request_spec(&nodes[0], "nocordon.example.com");
+    spec.cordon = Some(false);
+    create_request(&client, &ns, "m", spec).await?;
+    let ready = wait_phase(&client, &ns, "m", Phase::Ready, WAIT).await?;
+    // `cordon: false` survived the round trip through the API server and the operator.
+    assert_eq!(ready.spec.cordon, Some(false));
+    assert!(!node_unschedulable(&client, &nodes[0]).await?);
+    delete_request(&client, &ns, "m").await?;
+    wait_request_gone(&client, &ns, "m", WAIT).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn additional_requestors_keep_the_node_until_they_let_go() -> Result<()> {
+    let (client, ns, nodes) = setup("shared", 1).await?;
+    let mut spec = request_spec(&nodes[0], "first.example.com");
+    spec.additional_requestors = Some(vec!["second.example.com".into()]);
+    create_request(&client, &ns, "m", spec).await?;
+    wait_phase(&client, &ns, "m", Phase::Ready, WAIT).await?;
+    delete_request(&client, &ns, "m").await?;
+    // Deleted, but held: the node stays cordoned while another requestor still works on it.
+    let held = wait_for("the deletion to be held", WAIT, || async {
+        Ok(get_request(&client, &ns, "m").await?.filter(|r| {
+            r.is_deleting()
+                && r.condition("Ready")
+                    .is_some_and(|c| c.message.contains("additionalRequestors"))
+        }))
+    })
+    .await?;
+    assert!(held.finalizers().iter().any(|f| f == FINALIZER));
+    assert!(node_unschedulable(&client, &nodes[0]).await?);
+    // The second requestor lets go.
+    Api::<NodeMaintenance>::namespaced(client.clone(), &ns)
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"additionalRequestors": []}})),
+        )
+        .await?;
+    wait_request_gone(&client, &ns, "m", WAIT).await?;
+    assert!(!node_unschedulable(&client, &nodes[0]).await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn requestor_failed_is_mirrored_into_the_phase() -> Result<()> {
+    let (client, ns, nodes) = setup("reqfail", 1).await?;
+    create_request(
+        &client,
+        &ns,
+        "m",
+        request_spec(&nodes[0], "flaky.example.com"),
+    )
+    .await?;
+    let ready = wait_phase(&client, &ns, "m", Phase::Ready, WAIT).await?;
+    let mut conditions = ready.status.clone().unwrap_or_default().conditions;
+    conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: "RequestorFailed".into(),
+        status: "True".into(),
+        reason: "FirmwareUpdateFailed".into(),
+        message: "flashing failed".into(),
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        ),
+        observed_generation: None,
+    });
+    Api::<NodeMaintenance>::namespaced(client.clone(), &ns)
+        .patch_status(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"conditions": conditions}})),
+        )
+        .await?;
+    let failed = wait_phase(&client, &ns, "m", Phase::RequestorFailed, WAIT).await?;
+    assert_eq!(
+        failed.condition("Ready").map(|c| c.status.as_str()),
+        Some("False")
+    );
+    // The requestor's own condition is kept.
+    assert!(failed.condition("RequestorFailed").is_some());
+    assert!(node_unschedulable(&client, &nodes[0]).await?);
+    delete_request(&client, &ns, "m").await?;
+    wait_request_gone(&client, &ns, "m", WAIT).await?;
+    assert!(!node_unschedulable(&client, &nodes[0]).await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleting_the_node_removes_its_requests() -> Result<()> {
+    let (client, ns, nodes) = setup("nodegone", 1).await?;
+    create_request(
+        &client,
+        &ns,
+        "m",
+        request_spec(&nodes[0], "decom.example.com"),
+    )
+    .await?;
+    wait_phase(&client, &ns, "m", Phase::Ready, WAIT).await?;
+    Api::<Node>::all(client.clone())
+        .delete(&nodes[0], &Default::default())
+        .await?;
+    wait_request_gone(&client, &ns, "m", WAIT).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn wait_for_pod_completion_times_out_and_moves_on() -> Result<()> {
+    let (client, ns, nodes) = setup("waitpods", 1).await?;
+    let labels = BTreeMap::from([("role".to_string(), "batch".to_string())]);
+    create_bare_pod(
+        &client,
+        &ns,
+        "job-like",
+        &nodes[0],
+        &BarePodOptions {
+            labels,
+            ..Default::default()
+        },
+    )
+    .await?;
+    wait_pods_ready(&client, &ns, "role=batch", 1, WAIT).await?;
+    let mut spec = request_spec(&nodes[0], "wait.example.com");
+    spec.wait_for_pod_completion = Some(WaitForPodCompletionSpec {
+        pod_selector: Some("role=batch".into()),
+        timeout_seconds: Some(3),
+    });
+    create_request(&client, &ns, "m", spec).await?;
+    let waiting = wait_for("the status to list the running pod", WAIT, || async {
+        Ok(get_request(&client, &ns, "m").await?.filter(|r| {
+            r.phase() == Phase::WaitForPodCompletion
+                && r.status
+                    .as_ref()
+                    .is_some_and(|s| s.wait_for_completion == vec![format!("{ns}/job-like")])
+        }))
+    })
+    .await?;
+    assert!(node_unschedulable(&client, &nodes[0]).await?);
+    drop(waiting);
+    // No drain: after the timeout it goes to Ready, with a Warning event saying so.
+    let ready = wait_phase(&client, &ns, "m", Phase::Ready, WAIT).await?;
+    assert!(
+        ready
+            .status
+            .as_ref()
+            .is_some_and(|s| s.wait_for_completion.is_empty())
+    );
+    wait_for("the timeout event", WAIT, || async {
+        let reasons = event_reasons(&client, &ns, "m").await?;
+        Ok(reasons
+            .iter()
+            .any(|r| r == "WaitForPodCompletionTimeout")
+            .then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Kill the operator (SIGKILL) again and again while six drains run under maxParallelOperations=2:
+/// a watcher checks every state the API server shows; never more than 2 nodes in maintenance,
+/// and every request finishes.
+#[tokio::test]
+async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()> {
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(&client, Some(limits(2, None))).await?;
+    let nodes = create_nodes(&client, "crash", 8, &[]).await?;
+    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let ns = unique_name("crash");
+    create_namespace(&client, &ns).await?;
+    // Pods on the first six nodes so that every drain has work to do; the last two nodes
+    // receive the replacements (labels added afterwards: no rollout).
+    for (i, node) in nodes.iter().take(6).enumerate() {
+        let name = format!("app-{i}");
+        let pool = format!("pool-{name}");
+        add_node_label(&client, node, &pool, "yes").await?;
+        let labels = [("app", name.as_str())];
+        let pods = PodSpecOptions::on_nodes_labelled(&pool, "yes");
+        create_deployment(&client, &ns, &name, 3, &labels, &pods).await?;
+        wait_pods_ready(&client, &ns, &format!("app={name}"), 3, WAIT).await?;
+        for spare in &nodes[6..] {
+            add_node_label(&client, spare, &pool, "yes").await?;
+        }
+    }
+    // A PDB that blocks app-0's drain until the test raises its replicas.
+    create_pdb_min_available(
+        &client,
+        &ns,
+        "app-0",
+        &[("app", "app-0")],
+        IntOrString::Int(3),
+    )
+    .await?;
+    wait_pdb_disruptions_allowed(&client, &ns, "app-0", 0, WAIT)
+        .await
+        .ok();
+
+    // The watcher: the maximum of requests past Pending ever seen at once.
+    let max_seen = Arc::new(AtomicUsize::new(0));
+    let watch_client = client.clone();
+    let watch_ns = ns.clone();
+    let max = max_seen.clone();
+    let checker = tokio::spawn(async move {
+        let api: Api<NodeMaintenance> = Api::namespaced(watch_client, &watch_ns);
+        let (reader, writer) = kube::runtime::reflector::store();
+        let stream = kube::runtime::reflector(writer, watcher(api, watcher::Config::default()))
+            .touched_objects();
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {
+            let in_maintenance: std::collections::HashSet<String> = reader
+                .state()
+                .iter()
+                .filter(|r| r.phase() != Phase::Pending)
+                .map(|r| r.spec.node_name.clone())
+                .collect();
+            max.fetch_max(in_maintenance.len(), Ordering::SeqCst);
+        }
+    });
+
+    let mut operator = Operator::start(&testbed, &[]).await?;
+    for (i, node) in nodes.iter().take(6).enumerate() {
+        let mut spec = request_spec(node, "crash.example.com");
+        spec.drain_spec = drain_spec(true, 0);
+        create_request(&client, &ns, &format!("m{i}"), spec).await?;
+    }
+    // Kill it in several phases: right after admission starts, mid-drain, while blocked.
+    for round in 0..4 {
+        wait_for("some progress before the next kill", WAIT, || async {
+            let all = list_requests(&client, &ns).await?;
+            let moving = all.iter().filter(|r| r.phase() != Phase::Pending).count();
+            Ok((moving >= 1).then_some(()))
+        })
+        .await?;
+        operator.kill();
+        // Releasing finished requests while the operator is down: the restart must clean up.
+        for r in list_requests(&client, &ns).await? {
+            if r.phase() == Phase::Ready && !r.is_deleting() {
+                delete_request(&client, &ns, &r.name_any()).await?;
+            }
+        }
+        operator
+            .restart()
+            .await
+            .with_context(|| format!("restart {round}"))?;
+    }
+    // Unblock app-0 and let everything finish; release each request once Ready.
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), &ns)
+        .patch(
+            "app-0",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 4}})),
+        )
+        .await?;
+    wait_for(
+        "every request to finish",
+        Duration::from_secs(240),
+        || async {
+            let all = list_requests(&client, &ns).await?;
+            for r in &all {
+                if r.phase() == Phase::Ready && !r.is_deleting() {
+                    delete_request(&client, &ns, &r.name_any()).await?;
+                }
+            }
+            Ok(all.is_empty().then_some(()))
+        },
+    )
+    .await?;
+    checker.abort();
+    let max = max_seen.load(Ordering::SeqCst);
+    assert!(
+        max <= 2,
+        "{max} nodes were in maintenance at once with maxParallelOperations=2"
+    );
+    assert!(max >= 1);
+    for node in nodes.iter().take(6) {
+        assert!(
+            !node_unschedulable(&client, node).await?,
+            "{node} left cordoned"
+        );
+    }
+    Ok(())
+}
