@@ -393,12 +393,22 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
         spec.drain_spec = drain_spec(true, 0);
         create_request(&client, &ns, &format!("m{i}"), spec).await?;
     }
-    // Kill it in several phases: right after admission starts, mid-drain, while blocked.
-    for round in 0..4 {
-        wait_for("some progress before the next kill", WAIT, || async {
-            let all = list_requests(&client, &ns).await?;
-            let moving = all.iter().filter(|r| r.phase() != Phase::Pending).count();
-            Ok((moving >= 1).then_some(()))
+    // Kill it again and again, each time after the cluster showed some progress since the last
+    // kill (a phase change or a finished request), so the kills land in different phases.
+    let signature = || async {
+        let mut all: Vec<(String, Phase)> = list_requests(&client, &ns)
+            .await?
+            .iter()
+            .map(|r| (r.name_any(), r.phase()))
+            .collect();
+        all.sort();
+        anyhow::Ok(all)
+    };
+    let mut last = signature().await?;
+    for round in 0..5 {
+        last = wait_for("progress before the next kill", WAIT, || async {
+            let now = signature().await?;
+            Ok((now != last).then_some(now))
         })
         .await?;
         operator.kill();

@@ -37,8 +37,10 @@ const EVICTION_MAX_BACKOFF: Duration = Duration::from_secs(15);
 pub enum NodeMsg {
     /// The supervisor saw a newer version of the request.
     Updated(Arc<NodeMaintenance>),
-    /// Re-run the state machine (timers, pod events).
+    /// Re-run the state machine (timers).
     Step,
+    /// Pods on the node changed (coalesced: one in the mailbox stands for any number of events).
+    PodsChanged,
     /// One eviction call finished.
     Evicted {
         key: String,
@@ -82,6 +84,9 @@ pub struct NodeState {
 
 struct PodWatch {
     store: Store<Pod>,
+    /// True while a PodsChanged waits in the mailbox; cleared when it is handled, so an event
+    /// that arrives after the actor read the store always queues another.
+    queued: Arc<AtomicBool>,
     /// Set once the first list arrived: before that an empty store means nothing.
     synced: Arc<AtomicBool>,
     _task: AbortOnDrop,
@@ -162,6 +167,11 @@ impl Actor for NodeActor {
                     state.next_step_at = None;
                 }
             }
+            NodeMsg::PodsChanged => {
+                if let Some(watch) = &state.pods {
+                    watch.queued.store(false, Ordering::Release);
+                }
+            }
             NodeMsg::Evicted { key, uid, outcome } => record_eviction(state, key, uid, outcome),
         }
         let phase_before = (state.request.phase(), state.request.is_deleting());
@@ -214,6 +224,7 @@ async fn refresh(state: &mut NodeState) {
 }
 
 async fn reconcile(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), kube::Error> {
+    tracing::trace!(request = %state.key(), phase = %state.request.phase(), deleting = state.request.is_deleting(), "reconcile");
     if state.request.is_deleting() {
         return cleanup(myself, state).await;
     }
@@ -383,8 +394,8 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Option
     .touched_objects();
     let actor = myself.clone();
     let node = state.node().to_string();
-    // Coalesce bursts of pod events into one Step waiting in the mailbox.
     let queued = Arc::new(AtomicBool::new(false));
+    let queued_flag = queued.clone();
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
@@ -392,14 +403,9 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Option
                 tracing::debug!(%node, %err, "pod watch error; the watcher retries");
                 continue;
             }
-            if !queued.swap(true, Ordering::AcqRel) {
-                let flag = queued.clone();
-                let _ = actor.cast(NodeMsg::Step);
-                // The flag clears shortly after, so the next burst queues another Step.
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    flag.store(false, Ordering::Release);
-                });
+            // The reflector stored the event before yielding it, so the next read sees it.
+            if !queued_flag.swap(true, Ordering::AcqRel) {
+                let _ = actor.cast(NodeMsg::PodsChanged);
             }
         }
     });
@@ -410,11 +416,12 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Option
     let ready_task = tokio::spawn(async move {
         if ready_store.wait_until_ready().await.is_ok() {
             synced_flag.store(true, Ordering::Release);
-            let _ = actor.cast(NodeMsg::Step);
+            let _ = actor.cast(NodeMsg::PodsChanged);
         }
     });
     state.pods = Some(PodWatch {
         store,
+        queued,
         synced,
         _task: AbortOnDrop(task),
         _ready: AbortOnDrop(ready_task),
@@ -552,6 +559,7 @@ fn record_eviction(
         return;
     }
     entry.in_flight = false;
+    tracing::debug!(pod = %key, attempt = entry.attempts, outcome = ?outcome, "eviction answered");
     match &outcome {
         EvictionOutcome::Evicted | EvictionOutcome::Gone => {
             entry.accepted = true;
@@ -726,6 +734,14 @@ async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), 
     }
     remaining.sort();
     blocked.sort_by(|a, b| a.pod.cmp(&b.pod));
+    tracing::debug!(
+        request = %state.key(),
+        pods = pods.len(),
+        to_evict = plan.to_evict.len(),
+        blocked = plan.blocked.len(),
+        terminating = terminating.len(),
+        "drain step"
+    );
     update_pdb_metrics(state);
 
     let previous = state.request.status.as_ref().and_then(|s| s.drain.clone());

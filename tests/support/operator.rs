@@ -74,7 +74,7 @@ impl Operator {
             .arg("2")
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info,maintenance_actors=debug,kube=warn")
+            .env("RUST_LOG", "info,maintenance_actors=trace,kube=warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
