@@ -1,0 +1,1092 @@
+//! The Helm chart (deploy/chart/maintenance-operator) and the plain manifests rendered from it.
+//!
+//! Static checks run `helm lint` and `helm template` (helm comes from deploy/install-helm.sh) and
+//! inspect what is rendered. The e2e tests apply the rendered manifests to a real control plane
+//! and run the operator with nothing but the chart's ServiceAccount token, so the ClusterRole and
+//! Role are proven sufficient, and proven necessary by removing one verb.
+//!
+//! `MO_UPDATE_MANIFESTS=1 cargo test --test helm_chart` rewrites the generated files (the chart's
+//! copy of the CRDs and deploy/manifests/maintenance-operator.yaml) instead of failing.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::config::Kubeconfig;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use support::operator::Operator;
+use support::*;
+
+const NAMESPACE: &str = "maintenance-operator";
+const NAME: &str = "maintenance-operator";
+const RELEASE: &str = "maintenance-operator";
+const MINUTE: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// Files and tools
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart_dir() -> PathBuf {
+    repo().join("deploy/chart/maintenance-operator")
+}
+
+fn manifests_path() -> PathBuf {
+    repo().join("deploy/manifests/maintenance-operator.yaml")
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn updating() -> bool {
+    std::env::var_os("MO_UPDATE_MANIFESTS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Runs a command to completion; fails with its output unless it succeeds.
+fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+/// helm, installed once per machine by deploy/install-helm.sh.
+fn helm() -> Result<Command> {
+    static HELM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let path = HELM.get_or_init(|| {
+        run(&mut Command::new(repo().join("deploy/install-helm.sh")))
+            .map(|out| PathBuf::from(out.trim()))
+            .map_err(|e| format!("{e:#}"))
+    });
+    let path = path.as_ref().map_err(|e| anyhow!("installing helm: {e}"))?;
+    Ok(Command::new(path))
+}
+
+/// `helm template` of the chart as the documentation shows it, plus `extra` arguments.
+fn render_text(extra: &[&str]) -> Result<String> {
+    run(helm()?
+        .args(["template", RELEASE])
+        .arg(chart_dir())
+        .args(["--namespace", NAMESPACE, "--include-crds"])
+        .args(extra))
+}
+
+fn parse_docs(text: &str) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).context("parsing rendered YAML")?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+fn render(extra: &[&str]) -> Result<Vec<Value>> {
+    parse_docs(&render_text(extra)?)
+}
+
+fn id(doc: &Value) -> (String, String, String) {
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    (
+        s(&doc["kind"]),
+        s(&doc["metadata"]["namespace"]),
+        s(&doc["metadata"]["name"]),
+    )
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .ok_or_else(|| anyhow!("no {kind} {name} in the rendered chart"))
+}
+
+/// What the chart renders with default values, with a header for kubectl users.
+fn manifests_text() -> Result<String> {
+    Ok(format!(
+        "# maintenance-operator: the Helm chart deploy/chart/maintenance-operator rendered with its\n\
+         # default values, for installing with kubectl (see deploy/README.md). Generated: do not edit;\n\
+         # regenerate with `MO_UPDATE_MANIFESTS=1 cargo test --test helm_chart`.\n{}",
+        render_text(&[])?
+    ))
+}
+
+/// Compares a generated file with what it should hold, or rewrites it under MO_UPDATE_MANIFESTS.
+fn check_generated(path: &Path, want: &str, from: &str) -> Result<()> {
+    if updating() {
+        std::fs::write(path, want).with_context(|| format!("writing {}", path.display()))?;
+        return Ok(());
+    }
+    let have = read(path)?;
+    if have != want {
+        let line = have
+            .lines()
+            .zip(want.lines())
+            .position(|(a, b)| a != b)
+            .map_or(have.lines().count().min(want.lines().count()) + 1, |i| {
+                i + 1
+            });
+        bail!(
+            "{} is out of date with {from} (first difference at line {line}); regenerate it with \
+             `MO_UPDATE_MANIFESTS=1 cargo test --test helm_chart`",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Static checks
+
+#[test]
+fn helm_lint_passes() -> Result<()> {
+    run(helm()?.args(["lint", "--strict"]).arg(chart_dir()))?;
+    // Every switch flipped away from its default renders too.
+    run(helm()?.args(["lint", "--strict"]).arg(chart_dir()).args([
+        "--set",
+        "serviceMonitor.enabled=true,prometheusRule.enabled=true,namespace.create=false,\
+             operatorConfig.create=false,podDisruptionBudget.enabled=false,\
+             leaderElection.enabled=false,replicaCount=1,priorityClassName=",
+    ]))?;
+    Ok(())
+}
+
+#[test]
+fn default_render_holds_the_expected_objects() -> Result<()> {
+    let docs = render(&[])?;
+    let have: BTreeSet<(String, String, String)> = docs.iter().map(id).collect();
+    ensure!(
+        have.len() == docs.len(),
+        "an object is rendered twice: {have:?}"
+    );
+    let s = |kind: &str, ns: &str, name: &str| (kind.to_string(), ns.to_string(), name.to_string());
+    let want = BTreeSet::from([
+        s(
+            "CustomResourceDefinition",
+            "",
+            "nodemaintenances.maintenance.nvidia.com",
+        ),
+        s(
+            "CustomResourceDefinition",
+            "",
+            "maintenanceoperatorconfigs.maintenance.nvidia.com",
+        ),
+        s("Namespace", "", NAMESPACE),
+        s("ServiceAccount", NAMESPACE, NAME),
+        s("ClusterRole", "", NAME),
+        s("ClusterRoleBinding", "", NAME),
+        s("Role", NAMESPACE, NAME),
+        s("RoleBinding", NAMESPACE, NAME),
+        s("Service", NAMESPACE, NAME),
+        s("Deployment", NAMESPACE, NAME),
+        s("PodDisruptionBudget", NAMESPACE, NAME),
+        s("MaintenanceOperatorConfig", NAMESPACE, "default"),
+    ]);
+    ensure!(
+        have == want,
+        "rendered objects differ\n  extra: {:?}\n  missing: {:?}",
+        have.difference(&want).collect::<Vec<_>>(),
+        want.difference(&have).collect::<Vec<_>>()
+    );
+
+    // The release namespace is only the default: a value moves every namespaced object.
+    let moved = render(&["--set", "namespace.name=ops"])?;
+    for doc in &moved {
+        let (kind, ns, name) = id(doc);
+        if !ns.is_empty() {
+            ensure!(ns == "ops", "{kind} {name} stayed in {ns}");
+        }
+    }
+    ensure!(find(&moved, "Namespace", "ops").is_ok());
+    let binding = find(&moved, "ClusterRoleBinding", NAME)?;
+    ensure!(binding["subjects"][0]["namespace"] == "ops", "{binding}");
+    Ok(())
+}
+
+#[test]
+fn deployment_is_hardened_and_highly_available() -> Result<()> {
+    let docs = render(&[])?;
+    let deployment = find(&docs, "Deployment", NAME)?;
+    let spec = &deployment["spec"];
+    ensure!(spec["replicas"] == 2, "replicas {}", spec["replicas"]);
+    let pod = &spec["template"]["spec"];
+    let labels = &spec["template"]["metadata"]["labels"];
+    ensure!(
+        labels["app.kubernetes.io/name"] == NAME,
+        "the operator recognises its own pods by app.kubernetes.io/name; labels {labels}"
+    );
+    for (k, v) in spec["selector"]["matchLabels"]
+        .as_object()
+        .context("no selector")?
+    {
+        ensure!(
+            &labels[k] == v,
+            "the selector {k}={v} does not match the pod labels"
+        );
+    }
+    ensure!(pod["serviceAccountName"] == NAME);
+    ensure!(pod["priorityClassName"] == "system-cluster-critical");
+
+    let psc = &pod["securityContext"];
+    ensure!(psc["runAsNonRoot"] == true, "pod securityContext {psc}");
+    ensure!(psc["runAsUser"] == 65532, "pod securityContext {psc}");
+    ensure!(
+        psc["seccompProfile"]["type"] == "RuntimeDefault",
+        "pod securityContext {psc}"
+    );
+
+    let tolerated: BTreeSet<&str> = pod["tolerations"]
+        .as_array()
+        .context("no tolerations")?
+        .iter()
+        .filter_map(|t| t["key"].as_str())
+        .collect();
+    for key in [
+        "node-role.kubernetes.io/control-plane",
+        "node-role.kubernetes.io/master",
+    ] {
+        ensure!(
+            tolerated.contains(key),
+            "no toleration for {key}: {tolerated:?}"
+        );
+    }
+
+    let containers = pod["containers"].as_array().context("no containers")?;
+    ensure!(containers.len() == 1, "{} containers", containers.len());
+    let c = &containers[0];
+    let sc = &c["securityContext"];
+    ensure!(sc["readOnlyRootFilesystem"] == true, "securityContext {sc}");
+    ensure!(
+        sc["allowPrivilegeEscalation"] == false,
+        "securityContext {sc}"
+    );
+    ensure!(
+        sc["capabilities"]["drop"] == json!(["ALL"]),
+        "securityContext {sc}"
+    );
+    ensure!(
+        sc["capabilities"].get("add").is_none(),
+        "securityContext {sc}"
+    );
+
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .context("no args")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    ensure!(args.first() == Some(&"run"), "args {args:?}");
+    for want in [
+        "--leader-elect",
+        "--lease-name=maintenance-operator",
+        "--metrics-addr=0.0.0.0:8080",
+    ] {
+        ensure!(args.contains(&want), "args {args:?} lack {want}");
+    }
+
+    let env: BTreeMap<&str, &Value> = c["env"]
+        .as_array()
+        .context("no env")?
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?,
+                &e["valueFrom"]["fieldRef"]["fieldPath"],
+            ))
+        })
+        .collect();
+    ensure!(
+        env.get("POD_NAME") == Some(&&json!("metadata.name")),
+        "env {env:?}"
+    );
+    ensure!(
+        env.get("OPERATOR_NAMESPACE") == Some(&&json!("metadata.namespace")),
+        "env {env:?}"
+    );
+
+    for kind in ["requests", "limits"] {
+        for resource in ["cpu", "memory"] {
+            ensure!(
+                c["resources"][kind][resource].is_string(),
+                "no {kind}.{resource} in {}",
+                c["resources"]
+            );
+        }
+    }
+
+    let port = c["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "metrics"))
+        .context("no metrics port")?;
+    ensure!(port["containerPort"] == 8080, "port {port}");
+    ensure!(c["livenessProbe"]["httpGet"]["path"] == "/healthz");
+    ensure!(c["livenessProbe"]["httpGet"]["port"] == "metrics");
+    ensure!(c["readinessProbe"]["httpGet"]["path"] == "/readyz");
+    ensure!(c["readinessProbe"]["httpGet"]["port"] == "metrics");
+
+    let service = find(&docs, "Service", NAME)?;
+    for (k, v) in service["spec"]["selector"]
+        .as_object()
+        .context("Service without selector")?
+    {
+        ensure!(
+            &labels[k] == v,
+            "the Service selects {k}={v}, the pods do not carry it"
+        );
+    }
+    ensure!(service["spec"]["ports"][0]["targetPort"] == "metrics");
+
+    let namespace = find(&docs, "Namespace", NAMESPACE)?;
+    ensure!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted",
+        "{namespace}"
+    );
+    Ok(())
+}
+
+type Grant = (String, String, String, String);
+
+/// Every (apiGroup, resource, verb, resourceName) a role grants; "" for "any name".
+fn grants(role: &Value) -> Result<BTreeSet<Grant>> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().context("role without rules")? {
+        ensure!(
+            rule.get("nonResourceURLs").is_none(),
+            "non-resource rule {rule}"
+        );
+        let names = match strings(&rule["resourceNames"]) {
+            names if names.is_empty() => vec![String::new()],
+            names => names,
+        };
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    for name in &names {
+                        let verb = verb.clone();
+                        ensure!(
+                            [&group, &resource, &verb, name].iter().all(|s| *s != "*"),
+                            "wildcard in rule {rule}"
+                        );
+                        out.insert((group.clone(), resource.clone(), verb, name.clone()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn expand(list: &[(&str, &str, &[&str], &str)]) -> BTreeSet<Grant> {
+    list.iter()
+        .flat_map(|(group, resource, verbs, name)| {
+            verbs.iter().map(move |verb| {
+                (
+                    group.to_string(),
+                    resource.to_string(),
+                    verb.to_string(),
+                    name.to_string(),
+                )
+            })
+        })
+        .collect()
+}
+
+fn diff(have: &BTreeSet<Grant>, want: &BTreeSet<Grant>) -> String {
+    format!(
+        "granted but not needed: {:?}; needed but not granted: {:?}",
+        have.difference(want).collect::<Vec<_>>(),
+        want.difference(have).collect::<Vec<_>>()
+    )
+}
+
+/// Exactly the calls the operator makes, cluster-wide.
+fn cluster_grants() -> BTreeSet<Grant> {
+    expand(&[
+        (
+            "maintenance.nvidia.com",
+            "nodemaintenances",
+            &["get", "list", "watch", "patch", "update"],
+            "",
+        ),
+        (
+            "maintenance.nvidia.com",
+            "nodemaintenances/status",
+            &["get", "patch", "update"],
+            "",
+        ),
+        ("", "nodes", &["get", "list", "watch", "patch"], ""),
+        ("", "pods", &["get", "list", "watch"], ""),
+        ("", "pods/eviction", &["create"], ""),
+        (
+            "policy",
+            "poddisruptionbudgets",
+            &["get", "list", "watch"],
+            "",
+        ),
+        ("events.k8s.io", "events", &["create", "patch"], ""),
+        ("", "events", &["create", "patch"], ""),
+    ])
+}
+
+/// In the operator's namespace: its config and its Lease.
+fn namespace_grants() -> BTreeSet<Grant> {
+    expand(&[
+        (
+            "maintenance.nvidia.com",
+            "maintenanceoperatorconfigs",
+            &["get", "list", "watch"],
+            "default",
+        ),
+        ("coordination.k8s.io", "leases", &["create"], ""),
+        (
+            "coordination.k8s.io",
+            "leases",
+            &["get", "update"],
+            "maintenance-operator",
+        ),
+    ])
+}
+
+#[test]
+fn rbac_is_exactly_what_the_operator_uses() -> Result<()> {
+    let docs = render(&[])?;
+    let have = grants(find(&docs, "ClusterRole", NAME)?)?;
+    let want = cluster_grants();
+    ensure!(have == want, "ClusterRole: {}", diff(&have, &want));
+    let have = grants(find(&docs, "Role", NAME)?)?;
+    let want = namespace_grants();
+    ensure!(have == want, "Role: {}", diff(&have, &want));
+
+    for (kind, role_kind) in [
+        ("ClusterRoleBinding", "ClusterRole"),
+        ("RoleBinding", "Role"),
+    ] {
+        let binding = find(&docs, kind, NAME)?;
+        ensure!(
+            binding["roleRef"]
+                == json!({"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": NAME}),
+            "{kind} roleRef {}",
+            binding["roleRef"]
+        );
+        ensure!(
+            binding["subjects"]
+                == json!([{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]),
+            "{kind} subjects {}",
+            binding["subjects"]
+        );
+    }
+    // No other object grants anything.
+    let roles = docs
+        .iter()
+        .filter(|d| d["kind"].as_str().is_some_and(|k| k.contains("Role")))
+        .count();
+    ensure!(roles == 4, "{roles} roles and bindings rendered, want 4");
+    Ok(())
+}
+
+/// The MaintenanceOperatorConfig spec fields the CRD defines.
+fn config_crd_fields() -> Result<BTreeSet<String>> {
+    let crds = parse_docs(&read(&repo().join("crds/crds.yaml"))?)?;
+    let crd = find(
+        &crds,
+        "CustomResourceDefinition",
+        "maintenanceoperatorconfigs.maintenance.nvidia.com",
+    )?;
+    let props = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    Ok(props
+        .as_object()
+        .context("the config CRD has no spec properties")?
+        .keys()
+        .cloned()
+        .collect())
+}
+
+#[test]
+fn operator_config_renders_every_field() -> Result<()> {
+    let fields = config_crd_fields()?;
+    let values: Value = serde_norway::from_str(&read(&chart_dir().join("values.yaml"))?)?;
+    let documented: BTreeSet<String> = values["operatorConfig"]
+        .as_object()
+        .context("values.yaml has no operatorConfig")?
+        .keys()
+        .filter(|k| *k != "create")
+        .cloned()
+        .collect();
+    ensure!(
+        documented == fields,
+        "values.yaml operatorConfig has {documented:?}, the CRD {fields:?}"
+    );
+
+    let docs = render(&[])?;
+    let config = find(&docs, "MaintenanceOperatorConfig", "default")?;
+    ensure!(config["metadata"]["namespace"] == NAMESPACE);
+    ensure!(
+        config["spec"]
+            == json!({
+                "maxParallelOperations": 1,
+                "logLevel": "info",
+                "maxNodeMaintenanceTimeSeconds": 1600,
+                "evictionsPerSecond": 50,
+                "evictionBurst": 100,
+            }),
+        "default spec {}",
+        config["spec"]
+    );
+
+    // 0 is a limit, not "unset"; percentages stay strings.
+    let docs = render(&[
+        "--set",
+        "operatorConfig.maxUnavailable=0,operatorConfig.logLevel=debug",
+        "--set-string",
+        "operatorConfig.maxParallelOperations=10%",
+    ])?;
+    let spec = &find(&docs, "MaintenanceOperatorConfig", "default")?["spec"];
+    ensure!(spec["maxUnavailable"] == 0, "spec {spec}");
+    ensure!(spec["maxParallelOperations"] == "10%", "spec {spec}");
+    ensure!(spec["logLevel"] == "debug", "spec {spec}");
+
+    let docs = render(&["--set", "operatorConfig.create=false"])?;
+    ensure!(find(&docs, "MaintenanceOperatorConfig", "default").is_err());
+    Ok(())
+}
+
+#[test]
+fn monitoring_objects_are_switchable() -> Result<()> {
+    let docs = render(&[
+        "--set",
+        "serviceMonitor.enabled=true,prometheusRule.enabled=true",
+    ])?;
+    let monitor = find(&docs, "ServiceMonitor", NAME)?;
+    ensure!(
+        monitor["spec"]["endpoints"][0]["port"] == "metrics",
+        "{monitor}"
+    );
+    let service = find(&docs, "Service", NAME)?;
+    ensure!(
+        monitor["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .context("ServiceMonitor without selector")?
+            .iter()
+            .all(|(k, v)| &service["metadata"]["labels"][k] == v),
+        "the ServiceMonitor does not select the Service"
+    );
+
+    // The rules are grafana/alerts.yaml itself, read by the chart through its files/grafana link.
+    let rule = find(&docs, "PrometheusRule", NAME)?;
+    let alerts: Value = serde_norway::from_str(&read(&repo().join("grafana/alerts.yaml"))?)?;
+    ensure!(
+        alerts["groups"].as_array().is_some_and(|g| !g.is_empty()),
+        "grafana/alerts.yaml holds no rule groups"
+    );
+    ensure!(
+        rule["spec"]["groups"] == alerts["groups"],
+        "the PrometheusRule differs from grafana/alerts.yaml"
+    );
+    let link = chart_dir().join("files/grafana");
+    ensure!(
+        std::fs::symlink_metadata(&link)?.file_type().is_symlink(),
+        "{} should link to the repository's grafana/, not copy it",
+        link.display()
+    );
+
+    let docs = render(&[])?;
+    for kind in ["ServiceMonitor", "PrometheusRule"] {
+        ensure!(
+            !docs.iter().any(|d| d["kind"] == kind),
+            "{kind} rendered by default"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn chart_crds_equal_the_generated_crds() -> Result<()> {
+    check_generated(
+        &chart_dir().join("crds/crds.yaml"),
+        &read(&repo().join("crds/crds.yaml"))?,
+        "crds/crds.yaml",
+    )
+}
+
+#[test]
+fn checked_in_manifests_are_up_to_date() -> Result<()> {
+    check_generated(&manifests_path(), &manifests_text()?, "the chart")
+}
+
+// ---------------------------------------------------------------------------------------------
+// e2e on the testbed
+
+/// The e2e tests share one testbed and the cluster-wide objects of the chart: one at a time.
+static E2E: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn kubectl(testbed: &Testbed) -> Command {
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--kubeconfig").arg(testbed.kubeconfig_path());
+    cmd
+}
+
+/// Installs the checked-in manifests the way deploy/README.md tells kubectl users to, with the
+/// Deployment scaled to 0 (the testbed runs no images). Returns the objects applied.
+fn install_manifests(testbed: &Testbed, dir: &Path) -> Result<Vec<Value>> {
+    let mut docs = parse_docs(&read(&manifests_path())?)?;
+    for doc in &mut docs {
+        if doc["kind"] == "Deployment" {
+            doc["spec"]["replicas"] = json!(0);
+        }
+    }
+    let file = dir.join("maintenance-operator.yaml");
+    let text: Vec<String> = docs
+        .iter()
+        .map(serde_norway::to_string)
+        .collect::<Result<_, _>>()?;
+    std::fs::write(&file, text.join("---\n"))?;
+
+    let crds = chart_dir().join("crds/crds.yaml");
+    run(kubectl(testbed)
+        .args(["apply", "--server-side", "--force-conflicts", "-f"])
+        .arg(&crds))?;
+    run(kubectl(testbed)
+        .args([
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout",
+            "60s",
+            "-f",
+        ])
+        .arg(&crds))?;
+    run(kubectl(testbed)
+        .args(["apply", "--server-side", "--force-conflicts", "-f"])
+        .arg(&file))?;
+    Ok(docs)
+}
+
+#[tokio::test]
+async fn rendered_manifests_apply_to_a_real_control_plane() -> Result<()> {
+    let _one = E2E.lock().await;
+    let testbed = Testbed::shared().await?;
+    let client = testbed.client().await?;
+    let dir = tempfile::tempdir()?;
+    let docs = install_manifests(testbed, dir.path())?;
+
+    // Every object is there as applied.
+    let listed: Value = serde_json::from_str(&run(kubectl(testbed)
+        .args(["get", "-o", "json", "-f"])
+        .arg(dir.path().join("maintenance-operator.yaml")))?)?;
+    let have: BTreeSet<_> = listed["items"]
+        .as_array()
+        .context("kubectl get returned no items")?
+        .iter()
+        .map(id)
+        .collect();
+    let want: BTreeSet<_> = docs.iter().map(id).collect();
+    ensure!(
+        have == want,
+        "objects missing after apply: {:?}",
+        want.difference(&have).collect::<Vec<_>>()
+    );
+
+    let configs: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &config_resource());
+    let config = configs.get("default").await.context("the default config")?;
+    ensure!(
+        config.data["spec"]["maxParallelOperations"] == 1,
+        "stored config {:?}",
+        config.data
+    );
+    let deployment = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .get(NAME)
+        .await?;
+    ensure!(
+        deployment.spec.replicas == Some(0),
+        "the Deployment was applied with replicas {:?}, want 0",
+        deployment.spec.replicas
+    );
+
+    // The pod the Deployment would make passes admission: the ServiceAccount and priority class
+    // exist, and the namespace's `restricted` Pod Security level accepts it.
+    let template: PodTemplateSpec =
+        serde_json::from_value(find(&docs, "Deployment", NAME)?["spec"]["template"].clone())?;
+    let mut pod = Pod {
+        metadata: template.metadata.unwrap_or_default(),
+        spec: template.spec,
+        ..Default::default()
+    };
+    pod.metadata.name = Some("admission-check".into());
+    Api::<Pod>::namespaced(client, NAMESPACE)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &pod,
+        )
+        .await
+        .context("the operator's pod was refused")?;
+    Ok(())
+}
+
+fn config_resource() -> ApiResource {
+    ApiResource {
+        group: "maintenance.nvidia.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "maintenance.nvidia.com/v1alpha1".into(),
+        kind: "MaintenanceOperatorConfig".into(),
+        plural: "maintenanceoperatorconfigs".into(),
+    }
+}
+
+fn request_resource() -> ApiResource {
+    ApiResource {
+        group: "maintenance.nvidia.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "maintenance.nvidia.com/v1alpha1".into(),
+        kind: "NodeMaintenance".into(),
+        plural: "nodemaintenances".into(),
+    }
+}
+
+/// A kubeconfig for the testbed whose only credential is a token of the chart's ServiceAccount.
+async fn service_account_kubeconfig(testbed: &Testbed, path: &Path) -> Result<()> {
+    let sas: Api<ServiceAccount> = Api::namespaced(testbed.client().await?, NAMESPACE);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request(NAME, &PostParams::default(), &request)
+        .await
+        .context("requesting a token for the chart's ServiceAccount")?
+        .status
+        .context("TokenRequest without status")?
+        .token;
+    let admin = Kubeconfig::read_from(testbed.kubeconfig_path())?;
+    let cluster = admin
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.clone())
+        .context("the testbed kubeconfig names no cluster")?;
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "testbed", "cluster": {
+            "server": cluster.server,
+            "certificate-authority-data": cluster.certificate_authority_data,
+        }}],
+        "users": [{"name": NAME, "user": {"token": token}}],
+        "contexts": [{"name": NAME, "context": {"cluster": "testbed", "user": NAME}}],
+        "current-context": NAME,
+    });
+    std::fs::write(path, serde_norway::to_string(&config)?)?;
+    Ok(())
+}
+
+/// The last lines of the operator's log, for a failure message.
+fn log_tail(operator: &Operator) -> String {
+    let text = std::fs::read_to_string(&operator.log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Sum of the samples of a metric whose labels contain `label`.
+async fn metric_sum(operator: &Operator, name: &str, label: &str) -> Result<f64> {
+    let prefix = format!("{name}{{");
+    Ok(operator
+        .metrics()
+        .await?
+        .lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
+/// The Ready condition of a NodeMaintenance as (status, reason).
+fn ready_condition(request: &DynamicObject) -> Option<(String, String)> {
+    request.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+fn unschedulable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// Names of the pods of `ns` bound to `node`, terminating or not.
+async fn pods_on(client: &kube::Client, ns: &str, node: &str) -> Result<Vec<String>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect())
+}
+
+/// NodeMaintenances of one namespace, written as a requestor with kubectl would.
+struct Requests {
+    client: kube::Client,
+    api: Api<DynamicObject>,
+    nodes: Api<Node>,
+    ns: String,
+}
+
+impl Requests {
+    async fn create(&self, name: &str, node: &str) -> Result<()> {
+        let mut request = DynamicObject::new(name, &request_resource());
+        request.data = json!({"spec": {
+            "requestorID": "helm-chart-test.maintenance.nvidia.com",
+            "nodeName": node,
+            "drainSpec": {"force": true},
+        }});
+        self.api
+            .create(&PostParams::default(), &request)
+            .await
+            .with_context(|| format!("creating NodeMaintenance {name} for {node}"))?;
+        Ok(())
+    }
+
+    /// Ready=True with reason Ready, the node cordoned and its pods gone.
+    async fn wait_ready(&self, name: &str, node: &str, timeout: Duration) -> Result<()> {
+        wait_until(
+            &format!("NodeMaintenance {name} to be Ready"),
+            timeout,
+            || async move {
+                let request = self.api.get(name).await?;
+                Ok(match ready_condition(&request) {
+                    Some((status, reason)) if status == "True" && reason == "Ready" => {
+                        Check::Done(())
+                    }
+                    other => Check::Pending(format!(
+                        "Ready condition {other:?}; status {}; pods on {node}: {:?}",
+                        request.data["status"],
+                        pods_on(&self.client, &self.ns, node).await?
+                    )),
+                })
+            },
+        )
+        .await?;
+        ensure!(
+            unschedulable(&self.nodes.get(node).await?),
+            "{node} is not cordoned although its maintenance is Ready"
+        );
+        let left = pods_on(&self.client, &self.ns, node).await?;
+        ensure!(
+            left.is_empty(),
+            "{node} still runs {left:?} although its maintenance is Ready"
+        );
+        Ok(())
+    }
+
+    /// Deletes the request; waits until it is gone and the node schedulable again.
+    async fn release(&self, name: &str, node: &str) -> Result<()> {
+        self.api.delete(name, &DeleteParams::default()).await?;
+        wait_until(
+            &format!("NodeMaintenance {name} to be gone and {node} uncordoned"),
+            MINUTE,
+            || async move {
+                let request = self.api.get_opt(name).await?;
+                let cordoned = unschedulable(&self.nodes.get(node).await?);
+                Ok(if request.is_none() && !cordoned {
+                    Check::Done(())
+                } else {
+                    Check::Pending(format!(
+                        "request present {}, node unschedulable {cordoned}",
+                        request.is_some()
+                    ))
+                })
+            },
+        )
+        .await
+    }
+}
+
+#[tokio::test]
+async fn operator_runs_with_only_the_chart_rbac() -> Result<()> {
+    let _one = E2E.lock().await;
+    let testbed = Testbed::shared().await?;
+    let client = testbed.client().await?;
+    let dir = tempfile::tempdir()?;
+    install_manifests(testbed, dir.path())?;
+
+    let kubeconfig = dir.path().join("operator.kubeconfig");
+    service_account_kubeconfig(testbed, &kubeconfig).await?;
+    let operator = Operator::start_with_kubeconfig(
+        &kubeconfig,
+        dir.path(),
+        &[
+            "--leader-elect",
+            "--lease-name",
+            "maintenance-operator",
+            "--log-format",
+            "text",
+        ],
+    )
+    .await?;
+    let result = rbac_lifecycle(&client, &operator).await;
+    if result.is_err() {
+        eprintln!("operator log (last lines):\n{}", log_tail(&operator));
+    }
+    drop(operator);
+    // Leave the chart's ClusterRole as the chart renders it, whatever happened.
+    install_manifests(testbed, dir.path())?;
+    result
+}
+
+async fn rbac_lifecycle(client: &kube::Client, operator: &Operator) -> Result<()> {
+    let ns = unique_name("rbac");
+    create_namespace(client, &ns).await?;
+    let prefix = unique_name("rbacnode");
+    let nodes = create_nodes(client, &prefix, 2, &[]).await?;
+    wait_nodes_ready(client, &nodes, 2 * MINUTE).await?;
+    let pod = PodSpecOptions {
+        termination_grace_period_seconds: Some(1),
+        ..PodSpecOptions::on_nodes_with_prefix(&prefix)
+    };
+    create_deployment(client, &ns, "web", 2, &[("app", "web")], &pod).await?;
+    let pods = wait_pods_ready(client, &ns, "app=web", 2, 2 * MINUTE).await?;
+    let first = pod_node(&pods[0]).context("pod without node")?.to_string();
+    let requests = Requests {
+        client: client.clone(),
+        api: Api::namespaced_with(client.clone(), &ns, &request_resource()),
+        nodes: Api::all(client.clone()),
+        ns: ns.clone(),
+    };
+
+    // With the chart's roles: the whole lifecycle.
+    requests.create("with-chart-rbac", &first).await?;
+    requests
+        .wait_ready("with-chart-rbac", &first, 2 * MINUTE)
+        .await?;
+    requests.release("with-chart-rbac", &first).await?;
+    // Events were written with the chart's roles too, and nothing was refused along the way.
+    let events = Api::<Event>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?;
+    let regarding = |e: &&Event| e.regarding.as_ref().and_then(|r| r.name.clone());
+    let on_request = events
+        .items
+        .iter()
+        .filter(|e| regarding(e).as_deref() == Some("with-chart-rbac"))
+        .count();
+    ensure!(
+        on_request > 0,
+        "no Event on NodeMaintenance with-chart-rbac"
+    );
+    let log = std::fs::read_to_string(&operator.log)?;
+    let refused: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    ensure!(
+        refused.is_empty(),
+        "the API server refused calls of the operator with the chart's roles:\n{}",
+        refused.join("\n")
+    );
+    // The drained pods were replaced on the other node.
+    let pods = wait_pods_ready(client, &ns, "app=web", 2, 2 * MINUTE).await?;
+    let second = pod_node(&pods[0]).context("pod without node")?.to_string();
+
+    // Without `pods/eviction create` the drain cannot finish: the test can fail.
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let role = roles.get(NAME).await?;
+    let all_rules = role.rules.unwrap_or_default();
+    let rules: Vec<_> = all_rules
+        .iter()
+        .filter(|r| {
+            !r.resources
+                .iter()
+                .flatten()
+                .any(|res| res == "pods/eviction")
+        })
+        .collect();
+    ensure!(
+        rules.len() + 1 == all_rules.len(),
+        "the ClusterRole has no rule of its own for pods/eviction"
+    );
+    roles
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "rules": rules })),
+        )
+        .await?;
+
+    requests.create("without-eviction", &second).await?;
+    // For a while: never Ready, and the API server refuses the operator's evictions (403), so
+    // the missing verb is what holds the request up.
+    let window = Duration::from_secs(20);
+    let start = Instant::now();
+    let mut refused = 0.0;
+    let mut status = Value::Null;
+    while start.elapsed() < window {
+        let request = requests.api.get("without-eviction").await?;
+        status = request.data["status"].clone();
+        if let Some((_, reason)) = ready_condition(&request).filter(|(cond, _)| cond == "True") {
+            bail!("the request became Ready ({reason}) without pods/eviction; status {status}");
+        }
+        let sample = "maintenance_operator_eviction_requests_total";
+        refused = metric_sum(operator, sample, "code=\"403\"").await?;
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    ensure!(
+        refused > 0.0,
+        "no eviction was refused with 403 within {window:?}: something else than RBAC held the \
+         request up; status {status}"
+    );
+    ensure!(
+        unschedulable(&requests.nodes.get(&second).await?),
+        "{second} was not cordoned: the operator did not act on the request; status {status}"
+    );
+    let left = pods_on(client, &ns, &second).await?;
+    ensure!(
+        !left.is_empty(),
+        "pods left {second} without the Eviction API"
+    );
+    Ok(())
+}
