@@ -1,9 +1,6 @@
 //! `maintenance-operator`: run the operator, dry-run the scheduler, or print the CRDs.
 
-mod http;
-mod leader;
-mod plan;
-mod run;
+use maintenance_operator::{plan, run};
 
 use clap::{Parser, Subcommand};
 

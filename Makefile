@@ -1,0 +1,28 @@
+# The two commands of the README, and their parts.
+SHELL := /bin/bash
+TESTBED := tests/testbed/testbed
+BIN_DIR := $(shell $(TESTBED) bin-dir 2>/dev/null)
+
+.PHONY: demo test testbed unit lint
+
+## The demo: a local control plane with simulated nodes, the operator, a rolling maintenance.
+demo: testbed
+	cargo build --release --bins
+	PATH="$(BIN_DIR):$$PATH" scripts/demo
+
+## The whole test suite: unit, property, and end-to-end tests on real control planes.
+test: testbed
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+	PATH="$(BIN_DIR):$$PATH" cargo test --workspace
+
+## Builds (once per machine) the control plane binaries: etcd, kube-*, kubectl, kwok.
+testbed:
+	$(TESTBED) build
+
+unit:
+	cargo test --workspace --lib --bins
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings

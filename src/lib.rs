@@ -1,0 +1,7 @@
+//! The `maintenance-operator` package: the operator binary's commands, shared with the
+//! `kubectl-maintenance` plugin.
+
+pub mod http;
+pub mod leader;
+pub mod plan;
+pub mod run;
