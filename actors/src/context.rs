@@ -15,6 +15,7 @@ use crate::conditions;
 use crate::drain_plan::OperatorIdentity;
 use crate::evictor::Evictor;
 use crate::metrics::Metrics;
+use crate::pdb_watch::PdbWatches;
 
 /// Name of this controller in Events and field managers.
 pub const CONTROLLER_NAME: &str = "maintenance-operator";
@@ -22,6 +23,8 @@ pub const CONTROLLER_NAME: &str = "maintenance-operator";
 pub struct Context {
     pub client: kube::Client,
     pub evictor: Evictor,
+    /// Watches of the PDBs that block drains now.
+    pub pdbs: PdbWatches,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
     /// Where the operator runs: its config `default` lives here.
@@ -52,6 +55,7 @@ impl Context {
         let identity = OperatorIdentity::new(namespace.clone(), pod_name);
         Context {
             recorder: Recorder::new(client.clone(), reporter),
+            pdbs: PdbWatches::new(client.clone()),
             client,
             evictor,
             metrics,

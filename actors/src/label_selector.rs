@@ -607,3 +607,95 @@ mod tests {
         sel(&format!("{ok}={ok}"));
     }
 }
+
+/// Whether a structured `LabelSelector` (as PodDisruptionBudgets carry) selects these labels.
+/// An empty selector selects everything, as the API server reads it for policy/v1 PDBs.
+pub fn matches_label_selector(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let match_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            // An operator the API server would have refused: select nothing rather than guess.
+            _ => false,
+        }
+    });
+    match_labels && expressions
+}
+
+#[cfg(test)]
+mod structured_selector_tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn match_labels_and_expressions_are_anded() {
+        let selector = LabelSelector {
+            match_labels: Some(labels(&[("app", "web")])),
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: "In".into(),
+                values: Some(vec!["front".into(), "edge".into()]),
+            }]),
+        };
+        assert!(matches_label_selector(
+            &selector,
+            &labels(&[("app", "web"), ("tier", "edge")])
+        ));
+        assert!(!matches_label_selector(
+            &selector,
+            &labels(&[("app", "web")])
+        ));
+        assert!(!matches_label_selector(
+            &selector,
+            &labels(&[("app", "db"), ("tier", "edge")])
+        ));
+        assert!(matches_label_selector(
+            &LabelSelector::default(),
+            &labels(&[])
+        ));
+    }
+
+    #[test]
+    fn exists_and_not_in() {
+        let selector = LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![
+                LabelSelectorRequirement {
+                    key: "a".into(),
+                    operator: "Exists".into(),
+                    values: None,
+                },
+                LabelSelectorRequirement {
+                    key: "b".into(),
+                    operator: "NotIn".into(),
+                    values: Some(vec!["x".into()]),
+                },
+            ]),
+        };
+        assert!(matches_label_selector(&selector, &labels(&[("a", "1")])));
+        assert!(!matches_label_selector(
+            &selector,
+            &labels(&[("a", "1"), ("b", "x")])
+        ));
+        assert!(!matches_label_selector(&selector, &labels(&[("b", "y")])));
+    }
+}

@@ -8,6 +8,7 @@ pub mod evictor;
 pub mod label_selector;
 pub mod metrics;
 pub mod node_actor;
+pub mod pdb_watch;
 pub mod scheduler;
 pub mod supervisor;
 pub mod task;

@@ -2,13 +2,14 @@
 //! (cordon, wait for pod completion, drain) and cleans up on deletion. Every step reads what is on
 //! the objects and is idempotent, so a restarted actor (or operator) resumes where it was.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
@@ -24,12 +25,15 @@ use crate::conditions;
 use crate::context::{Context, is_conflict, is_not_found};
 use crate::drain_plan::{self, CompletionRules, DrainRules};
 use crate::evictor::EvictionOutcome;
+use crate::label_selector;
 use crate::task::AbortOnDrop;
 
 /// Drain progress is written at most this often, so a thousand evictions are not a thousand writes.
 const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
 /// Retry cadence for a blocked eviction once the drain has timed out: slow, but it recovers.
 const SLOW_RETRY: Duration = Duration::from_secs(30);
+/// While draining, the state machine runs at least this often.
+const HEARTBEAT: Duration = Duration::from_secs(5);
 /// Bounds of the per-pod eviction backoff.
 const EVICTION_MIN_BACKOFF: Duration = Duration::from_millis(500);
 const EVICTION_MAX_BACKOFF: Duration = Duration::from_secs(15);
@@ -41,6 +45,8 @@ pub enum NodeMsg {
     Step,
     /// Pods on the node changed (coalesced: one in the mailbox stands for any number of events).
     PodsChanged,
+    /// A PDB that blocked one of our pods now allows a disruption.
+    PdbChanged { namespace: String, name: String },
     /// One eviction call finished.
     Evicted {
         key: String,
@@ -66,6 +72,9 @@ struct PodEviction {
     next_attempt: Instant,
     backoff: Box<dyn Iterator<Item = Duration> + Send + Sync>,
     last: Option<EvictionOutcome>,
+    /// For a MultiplePdbs refusal: the PDBs that select the pod (looked up once).
+    covering_pdbs: Vec<String>,
+    labels: std::collections::BTreeMap<String, String>,
 }
 
 pub struct NodeState {
@@ -80,6 +89,8 @@ pub struct NodeState {
     last_remaining: Option<usize>,
     /// Blocked pods per PDB reported in the metrics, so they can be cleared again.
     reported_pdbs: HashMap<(String, String), f64>,
+    /// Subscriptions to the PDBs that block our pods now.
+    pdb_watches: HashMap<(String, String), AbortOnDrop>,
 }
 
 struct PodWatch {
@@ -136,6 +147,7 @@ impl Actor for NodeActor {
             last_progress: Instant::now(),
             last_remaining: None,
             reported_pdbs: HashMap::new(),
+            pdb_watches: HashMap::new(),
         })
     }
 
@@ -172,6 +184,7 @@ impl Actor for NodeActor {
                     watch.queued.store(false, Ordering::Release);
                 }
             }
+            NodeMsg::PdbChanged { namespace, name } => wake_blocked_by(state, &namespace, &name),
             NodeMsg::Evicted { key, uid, outcome } => record_eviction(state, key, uid, outcome),
         }
         let phase_before = (state.request.phase(), state.request.is_deleting());
@@ -588,18 +601,35 @@ fn new_backoff() -> Box<dyn Iterator<Item = Duration> + Send + Sync> {
     )
 }
 
-fn blocked_entry(key: &str, entry: &PodEviction) -> Option<BlockedPod> {
+fn blocked_entry(ctx: &Context, key: &str, entry: &PodEviction) -> Option<BlockedPod> {
+    let namespace = key.split('/').next().unwrap_or_default();
+    let describe = |pdb: &str| match ctx.pdbs.current(namespace, pdb) {
+        Some(summary) => format!("PodDisruptionBudget {namespace}/{pdb} ({summary})"),
+        None => format!("PodDisruptionBudget {namespace}/{pdb}"),
+    };
     let (reason, message) = match entry.last.as_ref()? {
         EvictionOutcome::Refused { pdb, message } => (
             "PDB",
             match pdb {
-                Some(pdb) => format!("PodDisruptionBudget {pdb} refuses eviction: {message}"),
+                Some(pdb) => format!(
+                    "{} allows no disruption now; retrying when it changes ({message})",
+                    describe(pdb)
+                ),
                 None => format!("eviction refused: {message}"),
             },
         ),
         EvictionOutcome::MultiplePdbs { message } => (
             "MultiplePDBs",
-            format!("{message}; remove the extra PodDisruptionBudget so that one covers the pod"),
+            if entry.covering_pdbs.is_empty() {
+                format!("{message}; make exactly one PodDisruptionBudget select the pod")
+            } else {
+                let names: Vec<String> = entry.covering_pdbs.iter().map(|p| describe(p)).collect();
+                format!(
+                    "covered by {} PodDisruptionBudgets: {}; the Eviction API refuses pods with more than one, make exactly one select the pod",
+                    names.len(),
+                    names.join(", ")
+                )
+            },
         ),
         EvictionOutcome::Error { code, message } => (
             "Error",
@@ -608,22 +638,112 @@ fn blocked_entry(key: &str, entry: &PodEviction) -> Option<BlockedPod> {
                 None => format!("eviction failed: {message}"),
             },
         ),
-        EvictionOutcome::Evicted | EvictionOutcome::Gone => {
-            if entry.accepted {
-                (
-                    "Terminating",
-                    "evicted; waiting for the pod to terminate".to_string(),
-                )
-            } else {
-                return None;
-            }
-        }
+        // Evicted pods still present are listed as Terminating from the pod itself.
+        EvictionOutcome::Evicted | EvictionOutcome::Gone => return None,
     };
     Some(BlockedPod {
         pod: key.to_string(),
         reason: reason.to_string(),
         message,
     })
+}
+
+/// The PDBs that select a pod (for the "several PDBs" case, which the API server does not name).
+async fn covering_pdbs(
+    ctx: &Context,
+    namespace: &str,
+    pod_labels: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<String>, kube::Error> {
+    let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut names: Vec<String> = api
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter(|pdb| {
+            pdb.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|sel| label_selector::matches_label_selector(sel, pod_labels))
+        })
+        .map(|pdb| pdb.name_any())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Keeps one PDB subscription per PDB that blocks one of our pods, and drops the others.
+fn sync_pdb_subscriptions(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
+    let mut wanted: HashSet<(String, String)> = HashSet::new();
+    for (key, entry) in &state.evictions {
+        let namespace = key.split('/').next().unwrap_or_default().to_string();
+        match &entry.last {
+            Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) => {
+                wanted.insert((namespace, pdb.clone()));
+            }
+            Some(EvictionOutcome::MultiplePdbs { .. }) => {
+                for pdb in &entry.covering_pdbs {
+                    wanted.insert((namespace.clone(), pdb.clone()));
+                }
+            }
+            _ => {}
+        }
+    }
+    state.pdb_watches.retain(|key, _| wanted.contains(key));
+    for (namespace, name) in wanted {
+        if state
+            .pdb_watches
+            .contains_key(&(namespace.clone(), name.clone()))
+        {
+            continue;
+        }
+        let mut changes = state.ctx.pdbs.subscribe(&namespace, &name);
+        // The PDB may have changed between the refusal and now: look at its current state first.
+        changes.mark_changed();
+        let actor = myself.clone();
+        let (ns, pdb) = (namespace.clone(), name.clone());
+        let task = tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let allows = changes
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_none_or(|s| s.disruptions_allowed > 0);
+                if allows
+                    && actor
+                        .cast(NodeMsg::PdbChanged {
+                            namespace: ns.clone(),
+                            name: pdb.clone(),
+                        })
+                        .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        state
+            .pdb_watches
+            .insert((namespace, name), AbortOnDrop(task));
+    }
+}
+
+/// A PDB now allows a disruption (or is gone): retry the pods it blocked at once.
+fn wake_blocked_by(state: &mut NodeState, namespace: &str, name: &str) {
+    let now = Instant::now();
+    for (key, entry) in state.evictions.iter_mut() {
+        if !key.starts_with(&format!("{namespace}/")) || entry.in_flight {
+            continue;
+        }
+        let blocked_here = match &entry.last {
+            Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) => pdb == name,
+            Some(EvictionOutcome::MultiplePdbs { .. }) => {
+                entry.covering_pdbs.iter().any(|p| p == name)
+            }
+            _ => false,
+        };
+        if blocked_here {
+            entry.next_attempt = now;
+        }
+    }
 }
 
 async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), kube::Error> {
@@ -668,6 +788,12 @@ async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), 
                 next_attempt: now,
                 backoff: new_backoff(),
                 last: None,
+                covering_pdbs: Vec::new(),
+                labels: pods
+                    .iter()
+                    .find(|p| p.uid().as_deref() == Some(pod.uid.as_str()))
+                    .and_then(|p| p.metadata.labels.clone())
+                    .unwrap_or_default(),
             });
         if entry.in_flight || entry.accepted {
             continue;
@@ -698,6 +824,17 @@ async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), 
         state.schedule_step(myself, at.saturating_duration_since(now));
     }
 
+    // The API server's 500 does not name the PDBs: look them up once per pod.
+    for (key, entry) in state.evictions.iter_mut() {
+        if matches!(entry.last, Some(EvictionOutcome::MultiplePdbs { .. }))
+            && entry.covering_pdbs.is_empty()
+        {
+            let namespace = key.split('/').next().unwrap_or_default();
+            entry.covering_pdbs = covering_pdbs(&state.ctx, namespace, &entry.labels).await?;
+        }
+    }
+    sync_pdb_subscriptions(myself, state);
+
     let mut blocked: Vec<BlockedPod> = plan
         .blocked
         .iter()
@@ -719,7 +856,7 @@ async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), 
         .chain(terminating.iter().cloned())
         .collect();
     for (key, entry) in &state.evictions {
-        if let Some(b) = blocked_entry(key, entry)
+        if let Some(b) = blocked_entry(&state.ctx, key, entry)
             && !terminating.contains(key)
         {
             blocked.push(b);
@@ -809,6 +946,8 @@ async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), 
         // A timeout is worth writing at once.
         state.last_status_write = None;
     }
+    // A heartbeat keeps seconds_since_progress and the timeout current when nothing else happens.
+    state.schedule_step(myself, HEARTBEAT);
     if !timed_out && spec.timeout_seconds() > 0 {
         let left = Duration::from_secs(u64::from(spec.timeout_seconds()))
             .saturating_sub(elapsed_in_phase(&state.request));
@@ -878,6 +1017,7 @@ fn update_pdb_metrics(state: &mut NodeState) {
 
 fn clear_metrics(state: &mut NodeState) {
     state.evictions.clear();
+    state.pdb_watches.clear();
     update_pdb_metrics(state);
     let _ = state
         .ctx
