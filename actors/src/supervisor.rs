@@ -260,12 +260,17 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             }),
     });
 
+    let by_key: HashMap<(String, String), &Arc<NodeMaintenance>> = requests
+        .iter()
+        .map(|r| ((r.namespace().unwrap_or_default(), r.name_any()), r))
+        .collect();
     // The cache has caught up with admissions it now shows past Pending (or gone).
-    state.admitted.retain(|uid| {
-        requests
-            .iter()
-            .any(|r| r.uid().as_deref() == Some(uid.as_str()) && r.phase() == Phase::Pending)
-    });
+    let pending_uids: HashSet<String> = requests
+        .iter()
+        .filter(|r| r.phase() == Phase::Pending)
+        .filter_map(|r| r.uid())
+        .collect();
+    state.admitted.retain(|uid| pending_uids.contains(uid));
 
     mark_new_requests_pending(&ctx, &requests).await;
 
@@ -273,12 +278,12 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     let mut snapshot =
         Snapshot::from_objects(nodes.iter().map(|n| &**n), requests.iter().map(|r| &**r));
     for request in &mut snapshot.requests {
-        let admitted = requests.iter().any(|r| {
-            r.uid().is_some_and(|u| state.admitted.contains(&u))
-                && r.namespace().as_deref() == Some(request.namespace.as_str())
-                && r.name_any() == request.name
-        });
-        if admitted {
+        let key = (request.namespace.clone(), request.name.clone());
+        if by_key
+            .get(&key)
+            .and_then(|r| r.uid())
+            .is_some_and(|uid| state.admitted.contains(&uid))
+        {
             request.phase = Phase::Scheduled;
         }
     }
@@ -291,14 +296,30 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             ctx.metrics
                 .can_become_unavailable
                 .set(decision.can_become_unavailable.map_or(-1, i64::from));
-            for key in &decision.scheduled {
-                let Some(request) = requests.iter().find(|r| {
-                    r.namespace().as_deref() == Some(key.namespace.as_str())
-                        && r.name_any() == key.name
-                }) else {
-                    continue;
-                };
-                match admit(&ctx, request).await {
+            let to_admit: Vec<Arc<NodeMaintenance>> = decision
+                .scheduled
+                .iter()
+                .filter_map(|key| {
+                    by_key
+                        .get(&(key.namespace.clone(), key.name.clone()))
+                        .map(|r| Arc::clone(r))
+                })
+                .collect();
+            // The decision is made; its writes are independent of each other.
+            let results: Vec<(Arc<NodeMaintenance>, Result<NodeMaintenance, kube::Error>)> =
+                futures::stream::iter(to_admit)
+                    .map(|request| {
+                        let ctx = ctx.clone();
+                        async move {
+                            let result = admit(&ctx, &request).await;
+                            (request, result)
+                        }
+                    })
+                    .buffer_unordered(PARALLEL_WRITES)
+                    .collect()
+                    .await;
+            for (request, result) in results {
+                match result {
                     Ok(admitted) => {
                         if let Some(uid) = admitted.uid() {
                             state.admitted.insert(uid);
