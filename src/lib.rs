@@ -2,6 +2,7 @@
 //! `kubectl-maintenance` plugin.
 
 pub mod http;
+pub mod kubectl;
 pub mod leader;
 pub mod plan;
 pub mod run;

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use maintenance_actors::context::Context;
+use maintenance_actors::context::{Context, LogLevelSetter};
 use maintenance_actors::evictor::{EvictionRate, Evictor};
 use maintenance_actors::metrics::Metrics;
 use maintenance_actors::supervisor::Supervisor;
@@ -51,21 +51,53 @@ pub enum LogFormat {
     Text,
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // A second init (tests) is harmless: keep the first subscriber.
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
+/// The filter for a `logLevel` of the config (debug, info, error).
+fn filter_for(level: &str) -> tracing_subscriber::EnvFilter {
+    let directives = match level {
+        "debug" => "debug,kube=info,hyper=info,tower=info,rustls=info",
+        "error" => "error",
+        _ => "info,kube=warn",
     };
+    tracing_subscriber::EnvFilter::new(directives)
+}
+
+/// Installs JSON (or text) logging and returns a setter for the config's `logLevel`; `RUST_LOG`,
+/// when set, wins over the config.
+fn init_tracing(format: LogFormat) -> Option<LogLevelSetter> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let from_env = tracing_subscriber::EnvFilter::try_from_default_env().ok();
+    let pinned = from_env.is_some();
+    let (filter, handle) =
+        tracing_subscriber::reload::Layer::new(from_env.unwrap_or_else(|| filter_for("info")));
+    let registry = tracing_subscriber::registry().with(filter);
+    // A second init (tests) fails harmlessly: the first subscriber stays.
+    let installed = match format {
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init()
+            .is_ok(),
+        LogFormat::Text => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init()
+            .is_ok(),
+    };
+    (installed && !pinned).then(|| {
+        Box::new(move |level: &str| {
+            if handle.reload(filter_for(level)).is_ok() {
+                tracing::info!(%level, "log level changed");
+            }
+        }) as LogLevelSetter
+    })
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    init_tracing(args.log_format);
+    let set_log_level = init_tracing(args.log_format);
     let config = kube::Config::infer().await.map_err(|err| {
         anyhow::anyhow!("cannot find a Kubernetes config (in-cluster or KUBECONFIG): {err}")
     })?;
@@ -84,14 +116,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         metrics.clone(),
     );
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client,
         evictor,
         metrics.clone(),
         args.namespace.clone(),
         args.pod_name.clone(),
         Duration::from_secs(args.tick_seconds.max(1)),
-    ));
+    );
+    ctx.set_log_level = set_log_level;
+    let ctx = Arc::new(ctx);
 
     let probe_ctx = ctx.clone();
     let standby = args.leader_elect;

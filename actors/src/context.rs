@@ -17,6 +17,9 @@ use crate::evictor::Evictor;
 use crate::metrics::Metrics;
 use crate::pdb_watch::PdbWatches;
 
+/// Applies a `logLevel` from the config (debug, info, error).
+pub type LogLevelSetter = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Name of this controller in Events and field managers.
 pub const CONTROLLER_NAME: &str = "maintenance-operator";
 
@@ -37,6 +40,8 @@ pub struct Context {
     pub synced: AtomicBool,
     /// Set while this process holds the leader lease (or runs without election).
     pub leading: AtomicBool,
+    /// Applies the config's `logLevel` (absent when the environment pins the log filter).
+    pub set_log_level: Option<LogLevelSetter>,
 }
 
 impl Context {
@@ -64,6 +69,7 @@ impl Context {
             tick,
             synced: AtomicBool::new(false),
             leading: AtomicBool::new(false),
+            set_log_level: None,
         }
     }
 

@@ -57,6 +57,8 @@ pub struct SupervisorState {
     /// Failed actors and when they may start again.
     restarts: HashMap<String, (u32, Instant)>,
     change_queued: Arc<AtomicBool>,
+    /// The config's logLevel last applied.
+    log_level: Option<String>,
 }
 
 fn spawn_watch<K>(
@@ -169,6 +171,7 @@ impl Actor for Supervisor {
             admitted: HashSet::new(),
             restarts: HashMap::new(),
             change_queued: queued,
+            log_level: None,
         })
     }
 
@@ -246,6 +249,16 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .configs
         .get(&reflector::ObjectRef::new(DEFAULT_CONFIG_NAME).within(&ctx.namespace));
     let config_spec = config.as_ref().map(|c| c.spec.clone());
+    let log_level = config_spec
+        .as_ref()
+        .and_then(|c| c.log_level.clone())
+        .unwrap_or_else(|| "info".to_string());
+    if state.log_level.as_ref() != Some(&log_level) {
+        if let Some(set) = &ctx.set_log_level {
+            set(&log_level);
+        }
+        state.log_level = Some(log_level);
+    }
 
     ctx.evictor.set_rate(EvictionRate {
         per_second: config_spec
