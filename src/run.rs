@@ -90,7 +90,7 @@ fn init_tracing(format: LogFormat) -> Option<LogLevelSetter> {
     (installed && !pinned).then(|| {
         Box::new(move |level: &str| {
             if handle.reload(filter_for(level)).is_ok() {
-                tracing::info!(%level, "log level changed");
+                tracing::info!(log_level = %level, "log level changed");
             }
         }) as LogLevelSetter
     })

@@ -1056,4 +1056,5 @@ pub fn api_error(err: &kube::Error) -> Option<(u16, &str)> {
         _ => None,
     }
 }
+pub mod audit;
 pub mod operator;
