@@ -309,6 +309,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             ctx.metrics
                 .can_become_unavailable
                 .set(decision.can_become_unavailable.map_or(-1, i64::from));
+            let nodes_by_name: HashMap<String, &Arc<Node>> =
+                nodes.iter().map(|n| (n.name_any(), n)).collect();
             let to_admit: Vec<Arc<NodeMaintenance>> = decision
                 .scheduled
                 .iter()
@@ -323,8 +325,11 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                 futures::stream::iter(to_admit)
                     .map(|request| {
                         let ctx = ctx.clone();
+                        let node = nodes_by_name
+                            .get(&request.spec.node_name)
+                            .map(|n| n.as_ref());
                         async move {
-                            let result = admit(&ctx, &request).await;
+                            let result = admit(&ctx, &request, node).await;
                             (request, result)
                         }
                     })
@@ -405,16 +410,17 @@ async fn mark_new_requests_pending(ctx: &Arc<Context>, requests: &[Arc<NodeMaint
 
 /// Pending -> Scheduled: finalizer and the node as owner first (so cleanup is guaranteed and
 /// deleting the node removes the request), then the status.
-async fn admit(ctx: &Context, request: &NodeMaintenance) -> Result<NodeMaintenance, kube::Error> {
+async fn admit(
+    ctx: &Context,
+    request: &NodeMaintenance,
+    node: Option<&Node>,
+) -> Result<NodeMaintenance, kube::Error> {
     let api: Api<NodeMaintenance> =
         Api::namespaced(ctx.client.clone(), &request.namespace().unwrap_or_default());
     let mut finalizers: Vec<String> = request.finalizers().to_vec();
     if !finalizers.iter().any(|f| f == FINALIZER) {
         finalizers.push(FINALIZER.to_string());
     }
-    let node: Option<Node> = Api::<Node>::all(ctx.client.clone())
-        .get_opt(&request.spec.node_name)
-        .await?;
     let mut owners = request.owner_references().to_vec();
     // An owner, not a controller: the node does not manage the request.
     let node_ref = node
