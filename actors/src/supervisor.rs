@@ -28,6 +28,9 @@ use crate::task::AbortOnDrop;
 
 /// Writes of the initial Pending status made concurrently in one round.
 const PARALLEL_WRITES: usize = 16;
+/// How often a waiting request's reason may be rewritten, and how many per round.
+const EXPLAIN_INTERVAL: Duration = Duration::from_secs(10);
+const EXPLAIN_PER_ROUND: usize = 64;
 /// Restart backoff for a node actor that failed.
 const RESTART_MIN: Duration = Duration::from_millis(500);
 const RESTART_MAX: Duration = Duration::from_secs(60);
@@ -59,6 +62,8 @@ pub struct SupervisorState {
     change_queued: Arc<AtomicBool>,
     /// The config's logLevel last applied.
     log_level: Option<String>,
+    /// When each waiting request's reason was last written.
+    explained: HashMap<String, Instant>,
 }
 
 fn spawn_watch<K>(
@@ -172,6 +177,7 @@ impl Actor for Supervisor {
             restarts: HashMap::new(),
             change_queued: queued,
             log_level: None,
+            explained: HashMap::new(),
         })
     }
 
@@ -354,6 +360,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                     }
                 }
             }
+            explain_waiting(&ctx, &mut state.explained, &by_key, &decision.waiting).await;
         }
         Err(err) => {
             tracing::error!(%err, "cannot schedule: fix the MaintenanceOperatorConfig");
@@ -379,6 +386,62 @@ fn update_phase_gauge(ctx: &Context, requests: &[Arc<NodeMaintenance>]) {
             .with_label_values(&[phase.as_str()])
             .set(count);
     }
+}
+
+/// A waiting request's Pending condition says why it waits (the scheduler's reason), so that
+/// `kubectl describe nm` answers "why is my request still Pending?". Rewritten only when the
+/// reason changed, at most every EXPLAIN_INTERVAL per request and EXPLAIN_PER_ROUND per round.
+async fn explain_waiting(
+    ctx: &Arc<Context>,
+    explained: &mut HashMap<String, Instant>,
+    by_key: &HashMap<(String, String), &Arc<NodeMaintenance>>,
+    waiting: &[scheduler::Waiting],
+) {
+    let now = Instant::now();
+    let mut writes: Vec<(Arc<NodeMaintenance>, String)> = Vec::new();
+    let mut still_waiting: HashSet<String> = HashSet::new();
+    for entry in waiting {
+        let key = (entry.key.namespace.clone(), entry.key.name.clone());
+        let Some(request) = by_key.get(&key) else {
+            continue;
+        };
+        let Some(uid) = request.uid() else { continue };
+        still_waiting.insert(uid.clone());
+        let Some(condition) = request.condition(condition_type::READY) else {
+            continue;
+        };
+        if request.is_deleting()
+            || condition.reason != Phase::Pending.as_str()
+            || condition.message == entry.reason
+            || explained
+                .get(&uid)
+                .is_some_and(|at| now.duration_since(*at) < EXPLAIN_INTERVAL)
+            || writes.len() >= EXPLAIN_PER_ROUND
+        {
+            continue;
+        }
+        explained.insert(uid, now);
+        writes.push((Arc::clone(request), entry.reason.clone()));
+    }
+    explained.retain(|uid, _| still_waiting.contains(uid));
+    futures::stream::iter(writes)
+        .for_each_concurrent(PARALLEL_WRITES, |(request, reason)| {
+            let ctx = ctx.clone();
+            async move {
+                match ctx
+                    .transition(&request, Phase::Pending, &reason, |_| {})
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(err) if is_conflict(&err) || is_not_found(&err) => {}
+                    Err(err) => {
+                        tracing::warn!(request = %request.key(), %err, "could not explain why it waits");
+                        ctx.error("pending");
+                    }
+                }
+            }
+        })
+        .await;
 }
 
 /// New requests get a Pending condition at once, so `kubectl get nm` shows them as waiting.
