@@ -107,17 +107,18 @@ async fn example_one_max_parallel_limits_admission() -> Result<()> {
     requests(&c, &specs).await?;
     admitted_settles_at(&c, &op, 2).await?;
     // Each waiting request says why, in its Ready condition.
-    wait_for("the waiting requests to explain themselves", WAIT, || async {
-        let all = list_requests(&c.client, &c.ns).await?;
-        let explained = all
-            .iter()
-            .filter(|r| r.phase() == Phase::Pending)
-            .all(|r| {
+    wait_for(
+        "the waiting requests to explain themselves",
+        WAIT,
+        || async {
+            let all = list_requests(&c.client, &c.ns).await?;
+            let explained = all.iter().filter(|r| r.phase() == Phase::Pending).all(|r| {
                 r.condition("Ready")
                     .is_some_and(|c| c.message.contains("maxParallelOperations=2"))
             });
-        Ok(explained.then_some(()))
-    })
+            Ok(explained.then_some(()))
+        },
+    )
     .await?;
     Ok(())
 }
