@@ -91,6 +91,8 @@ pub struct NodeState {
     reported_pdbs: HashMap<(String, String), f64>,
     /// Subscriptions to the PDBs that block our pods now.
     pdb_watches: HashMap<(String, String), AbortOnDrop>,
+    /// Largest (totalPods, evictionPods) seen in this drain.
+    drain_counts: (usize, usize),
 }
 
 struct PodWatch {
@@ -148,6 +150,7 @@ impl Actor for NodeActor {
             last_remaining: None,
             reported_pdbs: HashMap::new(),
             pdb_watches: HashMap::new(),
+            drain_counts: (0, 0),
         })
     }
 
@@ -726,21 +729,36 @@ fn sync_pdb_subscriptions(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
     }
 }
 
-/// A PDB now allows a disruption (or is gone): retry the pods it blocked at once.
+/// A PDB now allows a disruption (or is gone): retry the pods it blocked at once, as many as
+/// the shared tokens allow (the other waiters keep their backoff).
 fn wake_blocked_by(state: &mut NodeState, namespace: &str, name: &str) {
     let now = Instant::now();
-    for (key, entry) in state.evictions.iter_mut() {
-        if !key.starts_with(&format!("{namespace}/")) || entry.in_flight {
-            continue;
-        }
-        let blocked_here = match &entry.last {
-            Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) => pdb == name,
-            Some(EvictionOutcome::MultiplePdbs { .. }) => {
-                entry.covering_pdbs.iter().any(|p| p == name)
-            }
-            _ => false,
-        };
-        if blocked_here {
+    let prefix = format!("{namespace}/");
+    let mut waiting: Vec<&String> = state
+        .evictions
+        .iter()
+        .filter(|(key, entry)| {
+            key.starts_with(&prefix)
+                && !entry.in_flight
+                && entry.next_attempt > now
+                && match &entry.last {
+                    Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) => pdb == name,
+                    Some(EvictionOutcome::MultiplePdbs { .. }) => {
+                        entry.covering_pdbs.iter().any(|p| p == name)
+                    }
+                    _ => false,
+                }
+        })
+        .map(|(key, _)| key)
+        .collect();
+    waiting.sort();
+    let woken: Vec<String> = waiting
+        .into_iter()
+        .take_while(|_| state.ctx.pdbs.claim(namespace, name))
+        .cloned()
+        .collect();
+    for key in woken {
+        if let Some(entry) = state.evictions.get_mut(&key) {
             entry.next_attempt = now;
         }
     }
@@ -882,14 +900,23 @@ async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), 
     update_pdb_metrics(state);
 
     let previous = state.request.status.as_ref().and_then(|s| s.drain.clone());
+    // The counts only grow during a drain: remembered here between throttled status writes, and
+    // read back from the status after a restart.
     let eviction_pods = previous
         .as_ref()
         .map_or(0, |d| usize::try_from(d.eviction_pods).unwrap_or(0))
+        .max(state.drain_counts.1)
         .max(remaining.len());
     let total_pods = previous
         .as_ref()
         .map_or(0, |d| usize::try_from(d.total_pods).unwrap_or(0))
+        .max(state.drain_counts.0)
         .max(plan.total_pods);
+    state.drain_counts = (total_pods, eviction_pods);
+    // The first drain status goes out at once, before pods start to disappear.
+    if previous.is_none() {
+        state.last_status_write = None;
+    }
     let drain_status = DrainStatus {
         total_pods: i32::try_from(total_pods).unwrap_or(i32::MAX),
         eviction_pods: i32::try_from(eviction_pods).unwrap_or(i32::MAX),

@@ -4,7 +4,8 @@
 //! at their next backoff.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -53,6 +54,9 @@ pub type PdbState = Option<PdbSummary>;
 
 struct Watched {
     sender: watch::Sender<PdbState>,
+    /// Retries that may go now: reset to disruptionsAllowed on every change of the PDB, and
+    /// claimed by the node actors, so one freed disruption wakes one pod, not every waiter.
+    tokens: Arc<AtomicI32>,
     _task: AbortOnDrop,
 }
 
@@ -83,6 +87,8 @@ impl PdbWatches {
             return existing.sender.subscribe();
         }
         let (sender, receiver) = watch::channel(None);
+        let tokens = Arc::new(AtomicI32::new(0));
+        let task_tokens = tokens.clone();
         let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let tx = sender.clone();
@@ -92,9 +98,14 @@ impl PdbWatches {
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(watcher::Event::Apply(pdb) | watcher::Event::InitApply(pdb)) => {
-                        tx.send_replace(PdbSummary::from_pdb(&pdb));
+                        let summary = PdbSummary::from_pdb(&pdb);
+                        let allowed = summary.as_ref().map_or(0, |s| s.disruptions_allowed);
+                        task_tokens.store(allowed.max(0), Ordering::Release);
+                        tx.send_replace(summary);
                     }
                     Ok(watcher::Event::Delete(_)) => {
+                        // Gone: nothing limits these pods any more.
+                        task_tokens.store(i32::MAX, Ordering::Release);
                         tx.send_replace(None);
                     }
                     Ok(_) => {}
@@ -109,6 +120,7 @@ impl PdbWatches {
             key,
             Watched {
                 sender,
+                tokens,
                 _task: AbortOnDrop(task),
             },
         );
@@ -121,6 +133,22 @@ impl PdbWatches {
         watched
             .get(&(namespace.to_string(), name.to_string()))
             .and_then(|w| w.sender.borrow().clone())
+    }
+
+    /// Claims one retry that the PDB's current state allows; false when its disruptions are all
+    /// spoken for (the waiter then waits for the next change, or its own backoff).
+    pub fn claim(&self, namespace: &str, name: &str) -> bool {
+        let Ok(watched) = self.watched.lock() else {
+            return true;
+        };
+        let Some(w) = watched.get(&(namespace.to_string(), name.to_string())) else {
+            return true;
+        };
+        w.tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                (t > 0).then(|| t - 1)
+            })
+            .is_ok()
     }
 
     /// How many PDBs are watched now (for tests and debugging).

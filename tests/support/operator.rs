@@ -80,6 +80,7 @@ impl Operator {
             .stderr(log)
             .spawn()
             .context("starting the operator binary")?;
+        stop_when_this_process_exits(child.id())?;
         self.child = Some(child);
         Ok(())
     }
@@ -150,6 +151,24 @@ pub fn metric_value(text: &str, sample: &str) -> Option<f64> {
         let (name, value) = l.rsplit_once(' ')?;
         (name == sample).then(|| value.parse().ok())?
     })
+}
+
+/// An operator kept in a static is never dropped, and would outlive the test binary: a small
+/// watcher kills it once this process is gone (as the testbed's own watcher does for the control
+/// plane).
+fn stop_when_this_process_exits(pid: u32) -> Result<()> {
+    Command::new("bash")
+        .arg("-c")
+        .arg(r#"while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 0.5; done; kill -9 "$2" 2>/dev/null; exit 0"#)
+        .arg("operator-watcher")
+        .arg(std::process::id().to_string())
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the watcher of the operator process")?;
+    Ok(())
 }
 
 impl Drop for Operator {
