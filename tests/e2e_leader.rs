@@ -4,19 +4,15 @@
 
 mod support;
 
-use std::collections::HashSet;
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
-use maintenance_crds::{NodeMaintenance, Phase};
+use maintenance_crds::Phase;
 use support::operator::*;
 use support::*;
 
@@ -31,32 +27,6 @@ async fn lease_holder(client: &Client) -> Result<Option<String>> {
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
         .filter(|h| !h.is_empty()))
-}
-
-/// Watches the requests of `ns` and records the most nodes ever in maintenance at once.
-fn track_max_in_maintenance(
-    client: Client,
-    ns: String,
-) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    let max = Arc::new(AtomicUsize::new(0));
-    let seen = max.clone();
-    let task = tokio::spawn(async move {
-        let api: Api<NodeMaintenance> = Api::namespaced(client, &ns);
-        let (reader, writer) = kube::runtime::reflector::store();
-        let stream = kube::runtime::reflector(writer, watcher(api, watcher::Config::default()))
-            .touched_objects();
-        futures::pin_mut!(stream);
-        while stream.next().await.is_some() {
-            let nodes: HashSet<String> = reader
-                .state()
-                .iter()
-                .filter(|r| r.phase() != Phase::Pending)
-                .map(|r| r.spec.node_name.clone())
-                .collect();
-            seen.fetch_max(nodes.len(), Ordering::SeqCst);
-        }
-    });
-    (max, task)
 }
 
 #[tokio::test]
@@ -143,16 +113,7 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
     );
 
     // The new leader finishes everything, releasing each request when Ready.
-    wait_for("every request to finish", WAIT, || async {
-        let all = list_requests(&client, &ns).await?;
-        for r in &all {
-            if r.phase() == Phase::Ready && !r.is_deleting() {
-                delete_request(&client, &ns, &r.name_any()).await?;
-            }
-        }
-        Ok(all.is_empty().then_some(()))
-    })
-    .await?;
+    release_all_when_ready(&client, &ns, WAIT).await?;
     checker.abort();
     let max = max_seen.load(Ordering::SeqCst);
     ensure!(

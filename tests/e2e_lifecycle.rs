@@ -4,17 +4,14 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use maintenance_crds::{
     FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, Phase, WaitForPodCompletionSpec,
@@ -365,27 +362,8 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
         .await
         .ok();
 
-    // The watcher: the maximum of requests past Pending ever seen at once.
-    let max_seen = Arc::new(AtomicUsize::new(0));
-    let watch_client = client.clone();
-    let watch_ns = ns.clone();
-    let max = max_seen.clone();
-    let checker = tokio::spawn(async move {
-        let api: Api<NodeMaintenance> = Api::namespaced(watch_client, &watch_ns);
-        let (reader, writer) = kube::runtime::reflector::store();
-        let stream = kube::runtime::reflector(writer, watcher(api, watcher::Config::default()))
-            .touched_objects();
-        futures::pin_mut!(stream);
-        while stream.next().await.is_some() {
-            let in_maintenance: std::collections::HashSet<String> = reader
-                .state()
-                .iter()
-                .filter(|r| r.phase() != Phase::Pending)
-                .map(|r| r.spec.node_name.clone())
-                .collect();
-            max.fetch_max(in_maintenance.len(), Ordering::SeqCst);
-        }
-    });
+    // The watcher: the most nodes in maintenance ever seen at once.
+    let (max_seen, checker) = track_max_in_maintenance(client.clone(), ns.clone());
 
     let mut operator = Operator::start(&testbed, &[]).await?;
     for (i, node) in nodes.iter().take(6).enumerate() {
@@ -431,20 +409,7 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
             &Patch::Merge(serde_json::json!({"spec": {"replicas": 4}})),
         )
         .await?;
-    wait_for(
-        "every request to finish",
-        Duration::from_secs(240),
-        || async {
-            let all = list_requests(&client, &ns).await?;
-            for r in &all {
-                if r.phase() == Phase::Ready && !r.is_deleting() {
-                    delete_request(&client, &ns, &r.name_any()).await?;
-                }
-            }
-            Ok(all.is_empty().then_some(()))
-        },
-    )
-    .await?;
+    release_all_when_ready(&client, &ns, Duration::from_secs(240)).await?;
     checker.abort();
     let max = max_seen.load(Ordering::SeqCst);
     assert!(

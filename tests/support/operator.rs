@@ -357,3 +357,49 @@ pub async fn wait_scheduler_rounds(operator: &Operator, rounds: u32) -> Result<(
     )
     .await
 }
+
+/// Plays the requestor: deletes each request of `ns` once it is Ready, until none is left.
+pub async fn release_all_when_ready(client: &Client, ns: &str, timeout: Duration) -> Result<()> {
+    wait_for("every request to finish", timeout, || async {
+        let all = list_requests(client, ns).await?;
+        for r in &all {
+            if r.phase() == Phase::Ready && !r.is_deleting() {
+                delete_request(client, ns, &r.name_any()).await?;
+            }
+        }
+        Ok(all.is_empty().then_some(()))
+    })
+    .await
+}
+
+/// Watches the requests of `ns` and records the most nodes ever in maintenance (past Pending) at
+/// once, as the API server showed them. Abort the task when done.
+pub fn track_max_in_maintenance(
+    client: Client,
+    ns: String,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let max = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = max.clone();
+    let task = tokio::spawn(async move {
+        let api: Api<NodeMaintenance> = Api::namespaced(client, &ns);
+        let (reader, writer) = kube::runtime::reflector::store();
+        let stream = kube::runtime::reflector(writer, watcher(api, watcher::Config::default()))
+            .touched_objects();
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {
+            let nodes: std::collections::HashSet<String> = reader
+                .state()
+                .iter()
+                .filter(|r| r.phase() != Phase::Pending)
+                .map(|r| r.spec.node_name.clone())
+                .collect();
+            seen.fetch_max(nodes.len(), std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (max, task)
+}
