@@ -10,7 +10,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// Node bars beyond this are not drawn (the overall bar still counts them), so that a rollout
 /// with many nodes in flight does not scroll the terminal.
 const MAX_NODE_BARS: usize = 16;
-const NODE_LABEL_WIDTH: usize = 28;
+/// Node labels longer than this are cut (from the front: the end of a node name tells nodes apart).
+const MAX_LABEL_WIDTH: usize = 28;
 
 /// Where lines go; cheap to clone into tasks (a command's output is printed through it).
 #[derive(Clone)]
@@ -33,6 +34,8 @@ impl Printer {
 
 pub struct Board {
     printer: Printer,
+    /// Width of the label column of node bars.
+    label_width: usize,
     overall: Option<ProgressBar>,
     nodes: HashMap<String, ProgressBar>,
     /// Plain mode: the last line printed per node, to print only changes.
@@ -50,12 +53,19 @@ fn style(template: &str) -> ProgressStyle {
 
 impl Board {
     /// Bars when stdout is a terminal (and TERM is not `dumb`), plain lines otherwise.
-    pub fn new(total: u64) -> Board {
+    /// `labels` are the node labels expected, to size their column.
+    pub fn new<'a>(total: u64, labels: impl Iterator<Item = &'a str>) -> Board {
+        let label_width = labels
+            .map(|l| l.chars().count())
+            .max()
+            .unwrap_or(0)
+            .clamp(4, MAX_LABEL_WIDTH);
         let terminal = std::io::stdout().is_terminal()
             && std::env::var("TERM").map_or(true, |term| term != "dumb");
         if !terminal {
             return Board {
                 printer: Printer::Plain,
+                label_width,
                 overall: None,
                 nodes: HashMap::new(),
                 last: HashMap::new(),
@@ -64,11 +74,12 @@ impl Board {
         }
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
         let overall = multi.add(ProgressBar::new(total).with_style(style(
-            "{spinner:.green} {elapsed_precise} [{bar:40.green/white}] {pos}/{len} {msg}",
+            "{spinner:.green} {elapsed_precise} [{bar:30.green/white}] {pos}/{len} {wide_msg}",
         )));
         overall.enable_steady_tick(Duration::from_millis(120));
         Board {
             printer: Printer::Terminal(multi),
+            label_width,
             overall: Some(overall),
             nodes: HashMap::new(),
             last: HashMap::new(),
@@ -114,11 +125,12 @@ impl Board {
                 if self.nodes.len() >= MAX_NODE_BARS {
                     return;
                 }
-                let label = if label.chars().count() > NODE_LABEL_WIDTH {
+                let width = self.label_width;
+                let label = if label.chars().count() > width {
                     let tail: String = label
                         .chars()
                         .rev()
-                        .take(NODE_LABEL_WIDTH - 1)
+                        .take(width - 1)
                         .collect::<Vec<_>>()
                         .into_iter()
                         .rev()
@@ -130,7 +142,7 @@ impl Board {
                 let bar = multi.add(
                     ProgressBar::new(100)
                         .with_style(style(&format!(
-                            "  {{prefix:<{NODE_LABEL_WIDTH}}} [{{bar:25.cyan/blue}}] {{msg}}"
+                            "  {{prefix:<{width}}} [{{bar:20.cyan/blue}}] {{wide_msg}}"
                         )))
                         .with_prefix(label)
                         .with_position(percent)

@@ -220,13 +220,18 @@ fn never_allows(pdb: &PodDisruptionBudget, workload: Option<&Workload>) -> Optio
             IntOrString::Int(n) => *n <= 0,
             IntOrString::String(s) => s.trim_end_matches('%').trim().parse::<f64>() == Ok(0.0),
         };
-        return zero.then(|| format!("maxUnavailable {} never allows an eviction", int_or_string(max)));
+        return zero.then(|| {
+            format!(
+                "maxUnavailable {} never allows an eviction",
+                int_or_string(max)
+            )
+        });
     }
     let min = spec.min_available.as_ref()?;
     let expected = pdb
         .status
         .as_ref()
-        .map(|s| s.expected_pods)
+        .and_then(|s| s.expected_pods)
         .filter(|&n| n > 0)
         .or(workload.map(|w| w.replicas));
     match min {
@@ -341,7 +346,9 @@ pub fn check_node(
                         "PDBNeverAllows",
                         format!("PodDisruptionBudget {}: {why}; {fix}", pdb_key(pdb)),
                     );
-                } else if let Some(status) = status.filter(|s| s.disruptions_allowed <= 0) {
+                } else if let Some(status) =
+                    status.filter(|s| s.disruptions_allowed.is_some_and(|n| n <= 0))
+                {
                     finding(
                         Severity::Block,
                         "PDBAllowsNone",
@@ -350,9 +357,9 @@ pub fn check_node(
                              desiredHealthy {}, expectedPods {}): a drain waits until more of \
                              its pods are healthy",
                             pdb_key(pdb),
-                            status.current_healthy,
-                            status.desired_healthy,
-                            status.expected_pods
+                            status.current_healthy.unwrap_or_default(),
+                            status.desired_healthy.unwrap_or_default(),
+                            status.expected_pods.unwrap_or_default()
                         ),
                     );
                 }
@@ -607,14 +614,14 @@ async fn workloads(
                                         kind: "Deployment".into(),
                                         namespace: namespace.clone(),
                                         name: deployment.clone(),
-                                        replicas: d.spec.and_then(|s| s.replicas).unwrap_or(1),
+                                        replicas: d.spec.replicas.unwrap_or(1),
                                     })
                             }
                             None => Some(Workload {
                                 kind,
                                 namespace: namespace.clone(),
                                 name: name.clone(),
-                                replicas: rs.spec.and_then(|s| s.replicas).unwrap_or(1),
+                                replicas: rs.spec.replicas.unwrap_or(1),
                             }),
                         }
                     }
@@ -628,7 +635,7 @@ async fn workloads(
                     kind,
                     namespace: namespace.clone(),
                     name: name.clone(),
-                    replicas: s.spec.and_then(|s| s.replicas).unwrap_or(1),
+                    replicas: s.spec.replicas.unwrap_or(1),
                 }),
             "ReplicationController" => {
                 Api::<ReplicationController>::namespaced(client.clone(), &namespace)
@@ -661,17 +668,27 @@ pub async fn run(global: &GlobalArgs, args: PreflightArgs) -> anyhow::Result<Out
     };
     let rules = DrainRules::new(
         &spec,
-        Some(OperatorIdentity::new(global.operator_namespace.clone(), None)),
+        Some(OperatorIdentity::new(
+            global.operator_namespace.clone(),
+            None,
+        )),
     )
     .map_err(|err| {
-        anyhow::anyhow!("{}", err.to_string().replace("spec.drainSpec.podSelector", "--pod-selector"))
+        anyhow::anyhow!(
+            "{}",
+            err.to_string()
+                .replace("spec.drainSpec.podSelector", "--pod-selector")
+        )
     })?;
     let (client, _) = connect(global).await?;
     let nodes = select_nodes(&client, &args).await?;
     let pods = pods_by_node(&client, &nodes).await?;
-    let pdbs = list_all(&Api::<PodDisruptionBudget>::all(client.clone()), ListParams::default())
-        .await
-        .map_err(|err| api_error(err, "list PodDisruptionBudgets in all namespaces"))?;
+    let pdbs = list_all(
+        &Api::<PodDisruptionBudget>::all(client.clone()),
+        ListParams::default(),
+    )
+    .await
+    .map_err(|err| api_error(err, "list PodDisruptionBudgets in all namespaces"))?;
     let facts = PreflightFacts {
         pdbs,
         workloads: workloads(&client, pods.values().flatten()).await?,
@@ -707,7 +724,9 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, PodSpec, PodStatus, Volume};
     use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        LabelSelector, ObjectMeta, OwnerReference,
+    };
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -773,10 +792,10 @@ mod tests {
                 ..Default::default()
             }),
             status: Some(PodDisruptionBudgetStatus {
-                disruptions_allowed: allowed,
-                expected_pods: expected,
-                current_healthy: expected,
-                desired_healthy: expected - allowed,
+                disruptions_allowed: Some(allowed),
+                expected_pods: Some(expected),
+                current_healthy: Some(expected),
+                desired_healthy: Some(expected - allowed),
                 ..Default::default()
             }),
         }
@@ -811,7 +830,10 @@ mod tests {
             .collect()
     }
 
-    fn facts(pdbs: Vec<PodDisruptionBudget>, workloads: &[(&str, &str, Workload)]) -> PreflightFacts {
+    fn facts(
+        pdbs: Vec<PodDisruptionBudget>,
+        workloads: &[(&str, &str, Workload)],
+    ) -> PreflightFacts {
         PreflightFacts {
             pdbs,
             workloads: workloads
@@ -842,10 +864,16 @@ mod tests {
                 ("team/db-abc".to_string(), Severity::Warn, "SingleReplica"),
             ]
         );
-        assert!(report.findings[0]
-            .message
-            .contains("minAvailable 1 with 1 expected pod never allows an eviction"));
-        assert!(report.findings[0].message.contains("scale Deployment team/db up"));
+        assert!(
+            report.findings[0]
+                .message
+                .contains("minAvailable 1 with 1 expected pod never allows an eviction")
+        );
+        assert!(
+            report.findings[0]
+                .message
+                .contains("scale Deployment team/db up")
+        );
     }
 
     #[test]
@@ -897,18 +925,31 @@ mod tests {
     fn bare_and_empty_dir_pods_need_flags_and_warn_with_them() {
         let pods = [
             pod("bare", "x", None, false),
-            pod("scratch-1", "scratch", Some(("ReplicaSet", "scratch-rs")), true),
+            pod(
+                "scratch-1",
+                "scratch",
+                Some(("ReplicaSet", "scratch-rs")),
+                true,
+            ),
         ];
         let facts = facts(
             vec![],
-            &[("ReplicaSet", "scratch-rs", workload("Deployment", "scratch", 2))],
+            &[(
+                "ReplicaSet",
+                "scratch-rs",
+                workload("Deployment", "scratch", 2),
+            )],
         );
         let strict = check_node("n1", &pods, &rules(false, false), &facts);
         assert_eq!(
             checks(&strict),
             [
                 ("team/bare".to_string(), Severity::Block, "NeedsForce"),
-                ("team/scratch-1".to_string(), Severity::Block, "NeedsDeleteEmptyDir"),
+                (
+                    "team/scratch-1".to_string(),
+                    Severity::Block,
+                    "NeedsDeleteEmptyDir"
+                ),
             ]
         );
         let lenient = check_node("n1", &pods, &rules(true, true), &facts);
@@ -917,7 +958,11 @@ mod tests {
             checks(&lenient),
             [
                 ("team/bare".to_string(), Severity::Warn, "NoController"),
-                ("team/scratch-1".to_string(), Severity::Warn, "EmptyDirDataLoss"),
+                (
+                    "team/scratch-1".to_string(),
+                    Severity::Warn,
+                    "EmptyDirDataLoss"
+                ),
             ]
         );
     }
@@ -929,10 +974,19 @@ mod tests {
             pod("web-2", "web", Some(("ReplicaSet", "web-rs")), false),
         ];
         let workloads = [("ReplicaSet", "web-rs", workload("Deployment", "web", 2))];
-        let unpaced = check_node("n1", &pods, &rules(false, false), &facts(vec![], &workloads));
+        let unpaced = check_node(
+            "n1",
+            &pods,
+            &rules(false, false),
+            &facts(vec![], &workloads),
+        );
         assert_eq!(
             checks(&unpaced),
-            [("team/web-1".to_string(), Severity::Warn, "AllReplicasOnNode")]
+            [(
+                "team/web-1".to_string(),
+                Severity::Warn,
+                "AllReplicasOnNode"
+            )]
         );
         let paced = facts(
             vec![pdb("web", "web", None, Some(IntOrString::Int(1)), 1, 2)],
@@ -950,8 +1004,16 @@ mod tests {
         if let Some(status) = done.status.as_mut() {
             status.phase = Some("Succeeded".into());
         }
-        let pods = [pod("agent-1", "agent", Some(("DaemonSet", "agent")), true), done];
-        let report = check_node("n1", &pods, &rules(false, false), &PreflightFacts::default());
+        let pods = [
+            pod("agent-1", "agent", Some(("DaemonSet", "agent")), true),
+            done,
+        ];
+        let report = check_node(
+            "n1",
+            &pods,
+            &rules(false, false),
+            &PreflightFacts::default(),
+        );
         assert_eq!(report.verdict, "ok");
         assert_eq!(report.pods_to_evict, 0);
     }

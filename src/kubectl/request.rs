@@ -10,7 +10,7 @@ use maintenance_actors::label_selector::ParsedSelector;
 use maintenance_crds::{DrainSpec, NodeMaintenance, NodeMaintenanceSpec, WaitForPodCompletionSpec};
 
 use super::names::{check_prefix, default_prefix, request_name};
-use super::{GlobalArgs, Outcome, api_error, connect, is_conflict, is_not_found};
+use super::{GlobalArgs, Outcome, api_error, connect, is_conflict};
 
 pub const AFTER_HELP: &str = "\
 Each request is named <prefix>-<node>, the prefix being --name-prefix or the requestor ID made

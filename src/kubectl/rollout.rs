@@ -186,7 +186,11 @@ async fn run_command(
 }
 
 /// Prints each line of a command's output stream with the node's name in front.
-async fn forward<R: tokio::io::AsyncRead + Unpin>(stream: Option<R>, node: &str, printer: &Printer) {
+async fn forward<R: tokio::io::AsyncRead + Unpin>(
+    stream: Option<R>,
+    node: &str,
+    printer: &Printer,
+) {
     let Some(stream) = stream else { return };
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
@@ -207,7 +211,10 @@ async fn release(
         .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|err| format!("cannot mark node {node} done (annotation {marker}): {err}"))?;
-    match requests_api.delete(&request, &DeleteParams::default()).await {
+    match requests_api
+        .delete(&request, &DeleteParams::default())
+        .await
+    {
         Ok(_) => Ok(false),
         Err(err) if is_not_found(&err) => Ok(true),
         Err(err) => Err(format!("cannot delete NodeMaintenance {request}: {err}")),
@@ -274,10 +281,7 @@ impl Rollout {
         if self.stopping {
             return;
         }
-        let limit = self
-            .args
-            .max_in_flight
-            .map_or(usize::MAX, |n| n as usize);
+        let limit = self.args.max_in_flight.map_or(usize::MAX, |n| n as usize);
         let mut room = limit.saturating_sub(self.in_flight());
         for index in 0..self.tracks.len() {
             if room == 0 {
@@ -300,9 +304,8 @@ impl Rollout {
             );
             let api = self.requests_api.clone();
             let slots = self.create_slots.clone();
-            self.tasks.spawn(async move {
-                TaskResult::Created(index, create(api, nm, slots).await)
-            });
+            self.tasks
+                .spawn(async move { TaskResult::Created(index, create(api, nm, slots).await) });
         }
     }
 
@@ -367,7 +370,8 @@ impl Rollout {
         self.stopping = true;
         for other in 0..self.tracks.len() {
             if self.tracks[other].state == State::Requested {
-                self.board.node_finished(&self.tracks[other].node.clone(), None);
+                self.board
+                    .node_finished(&self.tracks[other].node.clone(), None);
                 self.start_cancel(other);
             }
         }
@@ -380,7 +384,10 @@ impl Rollout {
             self.tracks[index].view = Some(RequestView::of(nm));
         }
         let state = self.tracks[index].state.clone();
-        let ready = self.tracks[index].view.as_ref().is_some_and(|v| v.is_ready());
+        let ready = self.tracks[index]
+            .view
+            .as_ref()
+            .is_some_and(|v| v.is_ready());
         match (state, nm.is_some()) {
             (State::Requested, true) if ready && !self.stopping => self.on_ready(index),
             (State::Requested, false) if self.tracks[index].seen => {
@@ -396,6 +403,11 @@ impl Rollout {
             (State::Releasing, false) => self.finish_node(index),
             (State::Cancelling, false) => self.set_state(index, State::Cancelled),
             _ => {}
+        }
+        if nm.is_none() {
+            // A request of the same name made later is another object.
+            self.tracks[index].view = None;
+            self.tracks[index].seen = false;
         }
         self.draw(index);
     }
@@ -442,11 +454,16 @@ impl Rollout {
             },
             State::Running => {
                 let cmd = self.args.exec.clone().unwrap_or_default();
-                self.board.node(&node, &node, 100, format!("Ready: running `{cmd}`"));
+                self.board
+                    .node(&node, &node, 100, format!("Ready: running `{cmd}`"));
             }
             State::Releasing => {
-                self.board
-                    .node(&node, &node, 100, "releasing: the operator uncordons".to_string());
+                self.board.node(
+                    &node,
+                    &node,
+                    100,
+                    "releasing: the operator uncordons".to_string(),
+                );
             }
             _ => {}
         }
@@ -459,9 +476,9 @@ impl Rollout {
         let waiting = |t: &Track| {
             matches!(t.state, State::Queued | State::Creating)
                 || (t.state == State::Requested
-                    && t.view.as_ref().is_none_or(|v| {
-                        v.phase == maintenance_crds::Phase::Pending && !v.deleting
-                    }))
+                    && t.view
+                        .as_ref()
+                        .is_none_or(|v| v.phase == maintenance_crds::Phase::Pending && !v.deleting))
         };
         let pending = self.tracks.iter().filter(|t| waiting(t)).count();
         let running = self.count(&State::Running);
@@ -475,9 +492,9 @@ impl Rollout {
                 ) && !waiting(t)
             })
             .count();
-        let mut message = format!("done · {active} in progress · {pending} waiting for admission");
+        let mut message = format!("done · {active} in progress · {pending} waiting");
         if self.args.exec.is_some() {
-            message.push_str(&format!(" · {running} running the command"));
+            message.push_str(&format!(" · {running} running"));
         }
         if self.stopping {
             message.push_str(" · stopping");
@@ -543,6 +560,11 @@ impl Rollout {
     fn finished(&self) -> bool {
         self.tracks.iter().all(|t| t.state == State::Done) || (self.stopping && !self.busy())
     }
+}
+
+/// `1 node`, `3 nodes`.
+fn plural(count: usize, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
 }
 
 /// Removes the done-marks of this requestor from the nodes that carry one.
@@ -614,9 +636,11 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
 
     let mut nodes = matching_nodes(&client, &args.selector).await?;
     if args.restart {
-        clear_marks(&nodes_api, &nodes, &marker).await.map_err(|err| {
-            anyhow::anyhow!("cannot remove the done-marks ({marker}) for --restart: {err}")
-        })?;
+        clear_marks(&nodes_api, &nodes, &marker)
+            .await
+            .map_err(|err| {
+                anyhow::anyhow!("cannot remove the done-marks ({marker}) for --restart: {err}")
+            })?;
         nodes = matching_nodes(&client, &args.selector).await?;
     }
     let existing: HashMap<String, NodeMaintenance> = requests_api
@@ -629,6 +653,7 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
         .collect();
 
     let now = Instant::now();
+    let names: Vec<String> = nodes.iter().map(ResourceExt::name_any).collect();
     let mut rollout = Rollout {
         namespace: namespace.clone(),
         nodes_api: nodes_api.clone(),
@@ -639,7 +664,7 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
         by_request: HashMap::new(),
         tasks: JoinSet::new(),
         create_slots: Arc::new(Semaphore::new(CREATE_CONCURRENCY)),
-        board: Board::new(nodes.len() as u64),
+        board: Board::new(nodes.len() as u64, names.iter().map(String::as_str)),
         started,
         last_progress: now,
         stall_hinted: false,
@@ -667,7 +692,9 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
             }
             _ => State::Queued,
         };
-        rollout.by_request.insert(request.clone(), rollout.tracks.len());
+        rollout
+            .by_request
+            .insert(request.clone(), rollout.tracks.len());
         rollout.tracks.push(Track {
             node: name,
             request,
@@ -687,10 +714,11 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
     };
     rollout.board.line(&format!(
         "Rollout of {} nodes (selector {}) for {} in namespace {namespace}: {done_before} already \
-         done, {picked_up} requests picked up, {to_request} to request; {pace}.",
+         done, {} picked up, {to_request} to request; {pace}.",
         nodes.len(),
         rollout.args.selector,
         rollout.args.requestor,
+        plural(picked_up, "request", "requests"),
     ));
     for index in 0..rollout.tracks.len() {
         if rollout.tracks[index].state == State::Releasing {
@@ -702,7 +730,7 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
 
     let outcome = drive(&mut rollout).await?;
     rollout.board.finish();
-    report(&mut rollout, &nodes, outcome).await
+    report(&mut rollout, outcome).await
 }
 
 /// The event loop: watch events, finished tasks, Ctrl-C and the stall hint.
@@ -779,7 +807,7 @@ async fn drive(rollout: &mut Rollout) -> anyhow::Result<Outcome> {
 }
 
 /// The summary, and the marks cleared after a complete rollout.
-async fn report(rollout: &mut Rollout, nodes: &[Node], outcome: Outcome) -> anyhow::Result<Outcome> {
+async fn report(rollout: &mut Rollout, outcome: Outcome) -> anyhow::Result<Outcome> {
     let total = rollout.tracks.len();
     let done = rollout.count(&State::Done);
     let wall = human_duration(rollout.started.elapsed());
@@ -793,7 +821,15 @@ async fn report(rollout: &mut Rollout, nodes: &[Node], outcome: Outcome) -> anyh
                  run, {} earlier).",
                 rollout.done_before
             );
-            if let Err(err) = clear_marks(&rollout.nodes_api, nodes, &rollout.marker).await {
+            let cleared = match rollout
+                .nodes_api
+                .list(&ListParams::default().labels(&rollout.args.selector))
+                .await
+            {
+                Ok(fresh) => clear_marks(&rollout.nodes_api, &fresh.items, &rollout.marker).await,
+                Err(err) => Err(err.to_string()),
+            };
+            if let Err(err) = cleared {
                 println!(
                     "warning: could not remove the done-marks ({}): {err}; remove them with \
                      `kubectl annotate nodes -l '{}' {}-`, or the next rollout of this requestor \
@@ -805,7 +841,8 @@ async fn report(rollout: &mut Rollout, nodes: &[Node], outcome: Outcome) -> anyh
         Outcome::Interrupted => {
             let in_progress = rollout.in_flight();
             println!(
-                "Interrupted after {wall}: {done} of {total} nodes done, {in_progress} in progress."
+                "Interrupted after {wall}: {done} of {total} nodes done, {} with a request.",
+                plural(in_progress, "node", "nodes")
             );
             println!(
                 "Nothing was undone: the requests stay and the operator goes on with them (their \
@@ -849,8 +886,9 @@ async fn report(rollout: &mut Rollout, nodes: &[Node], outcome: Outcome) -> anyh
             }
             if cancelled > 0 {
                 println!(
-                    "  the requests of {cancelled} nodes not yet worked on were deleted: they \
-                     return to service."
+                    "  the requests of {} not yet worked on were deleted: they \
+                     return to service.",
+                    plural(cancelled, "node", "nodes")
                 );
             }
             println!(

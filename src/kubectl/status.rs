@@ -1,6 +1,6 @@
 //! `kubectl maintenance status`: the table of requests, or live progress with `--watch`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use clap::Args;
@@ -69,7 +69,8 @@ pub async fn run(global: &GlobalArgs, args: StatusArgs) -> anyhow::Result<Outcom
         print!("{}", render_table(&views, args.all_namespaces));
         return Ok(Outcome::Success);
     }
-    watch(api, &scope, args.requestor.as_deref()).await
+    let nodes: Vec<String> = views.iter().map(|v| v.node.clone()).collect();
+    watch(api, &scope, args.requestor.as_deref(), &nodes).await
 }
 
 /// Follows the requests until all are Ready (or none is left), or Ctrl-C.
@@ -77,16 +78,18 @@ async fn watch(
     api: Api<NodeMaintenance>,
     scope: &str,
     requestor: Option<&str>,
+    nodes: &[String],
 ) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let mut board = Board::new(0);
+    let mut board = Board::new(0, nodes.iter().map(String::as_str));
     let mut requests: BTreeMap<String, NodeMaintenance> = BTreeMap::new();
     let mut init: Option<BTreeMap<String, NodeMaintenance>> = None;
     let mut synced = false;
-    // Requests seen Ready, with the time it took since the watch began (for the Ready line).
-    let mut reported_ready: BTreeMap<String, String> = BTreeMap::new();
+    // Requests whose Ready line was printed.
+    let mut reported_ready: BTreeSet<String> = BTreeSet::new();
     let mut last_error = String::new();
-    let mut shown: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    // Requests that had a bar (or line) at the last event.
+    let mut shown: BTreeSet<String> = BTreeSet::new();
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -106,7 +109,9 @@ async fn watch(
             Some(Err(err)) => {
                 let text = err.to_string();
                 if text != last_error {
-                    board.line(&format!("warning: watch of NodeMaintenances in {scope}: {text} (retrying)"));
+                    board.line(&format!(
+                        "warning: watch of NodeMaintenances in {scope}: {text} (retrying)"
+                    ));
                     last_error = text;
                 }
                 continue;
@@ -136,7 +141,7 @@ async fn watch(
             continue;
         }
         let views = sorted_views(requests.values(), requestor);
-        let keys: std::collections::BTreeSet<String> = views
+        let keys: BTreeSet<String> = views
             .iter()
             .map(|v| format!("{}/{}", v.namespace, v.name))
             .collect();
@@ -144,13 +149,13 @@ async fn watch(
         for key in shown.difference(&keys) {
             board.node_finished(key, None);
         }
-        reported_ready.retain(|key, _| keys.contains(key));
+        reported_ready.retain(|key| keys.contains(key));
         let (mut ready, mut pending, mut active) = (0u64, 0u64, 0u64);
         for view in &views {
             let key = format!("{}/{}", view.namespace, view.name);
             if view.is_ready() {
                 ready += 1;
-                if !reported_ready.contains_key(&key) {
+                if !reported_ready.contains(&key) {
                     let line = format!(
                         "✓ {} Ready ({}, after {})",
                         view.node,
@@ -158,7 +163,7 @@ async fn watch(
                         human_duration(started.elapsed())
                     );
                     board.node_finished(&key, Some(&line));
-                    reported_ready.insert(key, line);
+                    reported_ready.insert(key);
                 }
                 continue;
             }

@@ -62,7 +62,10 @@ impl RequestView {
                 Phase::Draining => match drain {
                     Some(d) if !d.blocked.is_empty() => {
                         let first = &d.blocked[0];
-                        and_more(&format!("{} ({})", first.pod, first.reason), d.blocked.len())
+                        and_more(
+                            &format!("{} ({})", first.pod, first.reason),
+                            d.blocked.len(),
+                        )
                     }
                     Some(d) if !d.wait_for_eviction.is_empty() => format!(
                         "eviction of {}",
@@ -294,9 +297,12 @@ mod tests {
             view.failed.as_ref().map(|f| f.0.as_str()),
             Some("DrainTimeout")
         );
-        let table = render_table(&[view.clone()], false);
+        let table = render_table(std::slice::from_ref(&view), false);
         let lines: Vec<&str> = table.lines().collect();
-        assert!(lines[0].starts_with("NAME        NODE     REQUESTOR"), "{table}");
+        assert!(
+            lines[0].starts_with("NAME        NODE     REQUESTOR"),
+            "{table}"
+        );
         assert!(
             lines[1].contains("Draining")
                 && lines[1].contains("DrainTimeout")
@@ -320,7 +326,13 @@ mod tests {
         assert!(ready.is_ready());
         assert_eq!(ready.percent(), 100);
         let table = render_table(&[ready], true);
-        assert!(table.lines().next().unwrap_or_default().starts_with("NAMESPACE"));
+        assert!(
+            table
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .starts_with("NAMESPACE")
+        );
         assert!(table.lines().nth(1).unwrap_or_default().ends_with('-'));
     }
 
