@@ -37,7 +37,6 @@ use maintenance_crds::{
 use support::audit::{AuditLog, EvictionCall, seconds_between};
 use support::operator::*;
 use support::*;
-use tokio::sync::OnceCell;
 
 const WAIT: Duration = Duration::from_secs(90);
 /// Node label that decides where the pods of a test may go (value: the test's namespace).
@@ -47,36 +46,8 @@ const READINESS_GATE: &str = "example.com/ready";
 /// The identity of the testbed's admin kubeconfig, which the operator (and the tests) use.
 const ADMIN_USER: &str = "testbed-admin";
 
-// ---------------------------------------------------------------------------------------------
-// A shared control plane and operator for the tests that do not depend on cluster-wide limits
-
-struct Shared {
-    testbed: &'static Testbed,
-    operator: Operator,
-}
-
-async fn shared() -> Result<&'static Shared> {
-    static SHARED: OnceCell<Shared> = OnceCell::const_new();
-    SHARED
-        .get_or_try_init(|| async {
-            let testbed = Testbed::shared().await?;
-            let client = testbed.client().await?;
-            install(&client, Some(limits(1000, None))).await?;
-            let operator = Operator::start(testbed, &[]).await?;
-            Ok(Shared { testbed, operator })
-        })
-        .await
-}
-
-/// A namespace, `count` fresh nodes, and a client of this test's own runtime.
 async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String>)> {
-    let shared = shared().await?;
-    let client = shared.testbed.client().await?;
-    let ns = unique_name(prefix);
-    create_namespace(&client, &ns).await?;
-    let nodes = create_nodes(&client, &unique_name(prefix), count, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    Ok((client, ns, nodes))
+    isolated_setup(prefix, count, WAIT).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -387,7 +358,7 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
     .await?;
     assert_eq!(drain(&waiting).wait_for_eviction, vec![key.clone()]);
     // It keeps asking and keeps being refused, as the API server saw it.
-    let testbed = shared().await?.testbed;
+    let testbed = shared_cluster().await?.testbed;
     let refused = wait_for("two refused eviction calls", WAIT, || async {
         let audit = AuditLog::read(testbed)?;
         let calls: Vec<EvictionCall> = audit
@@ -418,7 +389,7 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
             .phase(),
         Phase::Draining
     );
-    let metrics = shared().await?.operator.metrics().await?;
+    let metrics = shared_cluster().await?.operator.metrics().await?;
     assert_eq!(
         sample(
             &metrics,
@@ -443,7 +414,7 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
     .await?;
     assert!(ready.condition("Failed").is_none());
     assert_eq!(drain(&ready).drain_progress, 100);
-    let metrics = shared().await?.operator.metrics().await?;
+    let metrics = shared_cluster().await?.operator.metrics().await?;
     let still_blocked = sample(
         &metrics,
         "maintenance_operator_pods_blocked_by_pdb",
@@ -594,7 +565,7 @@ async fn a_pod_under_two_pdbs_is_retried_and_reported_until_one_goes() -> Result
     )
     .await?;
     assert_eq!(reported.phase(), Phase::Draining);
-    let testbed = shared().await?.testbed;
+    let testbed = shared_cluster().await?.testbed;
     let calls = wait_for("the 500 to be retried", WAIT, || async {
         let audit = AuditLog::read(testbed)?;
         let calls: Vec<u16> = audit
@@ -888,7 +859,7 @@ async fn selection_skips_daemonset_and_mirror_pods_and_waits_for_force_and_delet
         assert_eq!(uid(now), uid(kept), "{} untouched", kept.name_any());
         assert!(now.metadata.deletion_timestamp.is_none());
     }
-    let audit = AuditLog::read(shared().await?.testbed)?.in_namespace(&ns);
+    let audit = AuditLog::read(shared_cluster().await?.testbed)?.in_namespace(&ns);
     for kept in [&agent, &mirror] {
         assert!(
             audit.evictions_of(&ns, &kept.name_any()).is_empty(),
@@ -913,7 +884,7 @@ async fn selection_skips_daemonset_and_mirror_pods_and_waits_for_force_and_delet
     assert_eq!(uid(&operator_pod_after), uid(&operator_pod_before));
     assert!(operator_pod_after.metadata.deletion_timestamp.is_none());
     assert!(
-        AuditLog::read(shared().await?.testbed)?
+        AuditLog::read(shared_cluster().await?.testbed)?
             .evictions_of(OPERATOR_NAMESPACE, &operator_pod)
             .is_empty(),
         "no eviction call for the operator's pod"
@@ -976,7 +947,7 @@ async fn a_terminating_pod_is_waited_for_and_not_evicted() -> Result<()> {
     .await?;
     let ready = wait_phase(&client, &ns, "maint", Phase::Ready, WAIT).await?;
     assert!(drain(&ready).wait_for_eviction.is_empty());
-    let audit = AuditLog::read(shared().await?.testbed)?;
+    let audit = AuditLog::read(shared_cluster().await?.testbed)?;
     assert!(
         audit.evictions_of(&ns, "held").is_empty(),
         "a terminating pod is not evicted again"
@@ -1026,7 +997,7 @@ async fn drain_status_counts_pods_gone_before_the_first_status_write() -> Result
         left.len() == 1 && left[0].starts_with("agent-"),
         "only the DaemonSet pod stays: {left:?}"
     );
-    let audit = AuditLog::read(shared().await?.testbed)?.in_namespace(&ns);
+    let audit = AuditLog::read(shared_cluster().await?.testbed)?.in_namespace(&ns);
     assert_eq!(audit.eviction_codes(), BTreeMap::from([(201, 3)]));
     // Four pods on the node when the drain started, three of them removed by it.
     assert_drain_counts(&drain(&ready), 4, 3);
@@ -1067,7 +1038,7 @@ async fn pod_selector_evicts_only_the_selected_pods() -> Result<()> {
             .all(|p| p.metadata.deletion_timestamp.is_none())
     );
     wait_pods_ready(&client, &ns, "app=batch", 2, WAIT).await?;
-    let audit = AuditLog::read(shared().await?.testbed)?;
+    let audit = AuditLog::read(shared_cluster().await?.testbed)?;
     for pod in &web {
         assert!(audit.evictions_of(&ns, &pod.name_any()).is_empty());
     }
@@ -1079,7 +1050,7 @@ async fn pod_selector_evicts_only_the_selected_pods() -> Result<()> {
 /// `podEvictionFilters` (OR-ed): only pods requesting a resource whose name matches leave.
 #[tokio::test]
 async fn pod_eviction_filters_evict_only_pods_requesting_a_matching_resource() -> Result<()> {
-    let shared = shared().await?;
+    let shared = shared_cluster().await?;
     let client = shared.testbed.client().await?;
     let ns = unique_name("filters");
     create_namespace(&client, &ns).await?;

@@ -18,42 +18,11 @@ use maintenance_crds::{
 };
 use support::operator::*;
 use support::*;
-use tokio::sync::OnceCell;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// One control plane and one operator for the tests of this file that do not depend on the
-/// cluster-wide limits (maxParallelOperations is effectively unlimited here).
-struct Shared {
-    testbed: &'static Testbed,
-    _operator: Operator,
-}
-
-async fn shared() -> Result<&'static Shared> {
-    static SHARED: OnceCell<Shared> = OnceCell::const_new();
-    SHARED
-        .get_or_try_init(|| async {
-            let testbed = Testbed::shared().await?;
-            let client = testbed.client().await?;
-            install(&client, Some(limits(1000, None))).await?;
-            let operator = Operator::start(testbed, &[]).await?;
-            Ok(Shared {
-                testbed,
-                _operator: operator,
-            })
-        })
-        .await
-}
-
-/// A namespace, `count` fresh nodes, and a client of this test's own runtime.
 async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String>)> {
-    let shared = shared().await?;
-    let client = shared.testbed.client().await?;
-    let ns = unique_name(prefix);
-    create_namespace(&client, &ns).await?;
-    let nodes = create_nodes(&client, &unique_name(prefix), count, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    Ok((client, ns, nodes))
+    isolated_setup(prefix, count, WAIT).await
 }
 
 async fn add_node_label(client: &Client, node: &str, key: &str, value: &str) -> Result<()> {

@@ -403,3 +403,39 @@ pub fn track_max_in_maintenance(
     });
     (max, task)
 }
+
+/// One control plane and one operator per test binary, for tests that do not depend on the
+/// cluster-wide limits (maxParallelOperations is effectively unlimited here).
+pub struct SharedCluster {
+    pub testbed: &'static Testbed,
+    pub operator: Operator,
+}
+
+pub async fn shared_cluster() -> Result<&'static SharedCluster> {
+    static SHARED: tokio::sync::OnceCell<SharedCluster> = tokio::sync::OnceCell::const_new();
+    SHARED
+        .get_or_try_init(|| async {
+            let testbed = Testbed::shared().await?;
+            let client = testbed.client().await?;
+            install(&client, Some(limits(1000, None))).await?;
+            let operator = Operator::start(testbed, &[]).await?;
+            Ok(SharedCluster { testbed, operator })
+        })
+        .await
+}
+
+/// On the shared cluster: a namespace, `count` fresh Ready nodes, and a client of this test's
+/// own runtime.
+pub async fn isolated_setup(
+    prefix: &str,
+    count: usize,
+    timeout: Duration,
+) -> Result<(Client, String, Vec<String>)> {
+    let shared = shared_cluster().await?;
+    let client = shared.testbed.client().await?;
+    let ns = super::unique_name(prefix);
+    super::create_namespace(&client, &ns).await?;
+    let nodes = super::create_nodes(&client, &super::unique_name(prefix), count, &[]).await?;
+    super::wait_nodes_ready(&client, &nodes, timeout).await?;
+    Ok((client, ns, nodes))
+}
