@@ -14,7 +14,7 @@ use clap::{Args, ValueEnum};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
-use maintenance_actors::scheduler::{Decision, Limits, ScheduleError, Snapshot, schedule};
+use maintenance_core::scheduler::{Decision, Limits, ScheduleError, Snapshot, schedule};
 use maintenance_crds::{
     DEFAULT_CONFIG_NAME, GROUP, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec,
     NodeMaintenance, VERSION,
@@ -23,10 +23,10 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use crate::list_all;
+
 /// Where a NodeMaintenance without `metadata.namespace` would land with `kubectl apply`.
 const DEFAULT_REQUEST_NAMESPACE: &str = "default";
-/// Page size when listing from the API server, so that a 5,000-node cluster is not one response.
-const LIST_PAGE_SIZE: u32 = 500;
 
 /// Show what one scheduling round would admit now, and why every other Pending request waits.
 #[derive(Debug, Clone, Args)]
@@ -450,13 +450,15 @@ async fn plan_from_cluster(operator_namespace: &str) -> anyhow::Result<PlanRepor
         "cannot connect to the cluster (kubeconfig or in-cluster config); \
          use --from-file to plan from YAML instead",
     )?;
-    let nodes: Vec<Node> = list_all(&Api::all(client.clone()))
+    let nodes: Vec<Node> = list_all(&Api::all(client.clone()), ListParams::default())
         .await
         .context("cannot list Nodes: check that your account may list nodes")?;
-    let requests: Vec<NodeMaintenance> = list_all(&Api::all(client.clone())).await.context(
-        "cannot list NodeMaintenances in all namespaces: is the CRD installed \
+    let requests: Vec<NodeMaintenance> = list_all(&Api::all(client.clone()), ListParams::default())
+        .await
+        .context(
+            "cannot list NodeMaintenances in all namespaces: is the CRD installed \
              (crds/crds.yaml) and may your account list them?",
-    )?;
+        )?;
     let config = Api::<MaintenanceOperatorConfig>::namespaced(client, operator_namespace)
         .get_opt(DEFAULT_CONFIG_NAME)
         .await
@@ -480,23 +482,6 @@ async fn plan_from_cluster(operator_namespace: &str) -> anyhow::Result<PlanRepor
         snapshot,
         notes,
     })
-}
-
-/// Lists every object in pages.
-async fn list_all<K>(api: &Api<K>) -> Result<Vec<K>, kube::Error>
-where
-    K: Clone + DeserializeOwned + fmt::Debug,
-{
-    let mut objects = Vec::new();
-    let mut params = ListParams::default().limit(LIST_PAGE_SIZE);
-    loop {
-        let page = api.list(&params).await?;
-        objects.extend(page.items);
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(objects),
-        }
-    }
 }
 
 /// The human-readable output: the two budgets, then one row per Pending request.

@@ -1,5 +1,6 @@
-//! Two operator processes against one control plane: only the leader acts; when it is killed the
-//! other takes over within the lease duration, finishes the work, and the limits hold throughout.
+//! Two operator processes against one control plane: only the leader acts (the API server's audit
+//! log shows no write at all by the standby); when it is killed the other takes over within the
+//! lease duration, finishes the work, and the limits hold throughout.
 //! Plus the product's troubleshooting command, run verbatim with kubectl.
 
 mod support;
@@ -13,6 +14,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
 use maintenance_crds::Phase;
+use support::audit::{AuditLog, WriteCall};
 use support::operator::*;
 use support::*;
 
@@ -27,6 +29,21 @@ async fn lease_holder(client: &Client) -> Result<Option<String>> {
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
         .filter(|h| !h.is_empty()))
+}
+
+/// Whether `writes` hold a successful write of `resource` (its plural, e.g. `leases`).
+fn wrote(writes: &[&WriteCall], resource: &str) -> bool {
+    writes
+        .iter()
+        .any(|w| w.resource == resource && (200..300).contains(&w.code))
+}
+
+fn describe_writes(writes: &[&WriteCall]) -> String {
+    if writes.is_empty() {
+        return "none".into();
+    }
+    let shown: Vec<String> = writes.iter().take(20).map(|w| w.describe()).collect();
+    format!("{} writes:\n{}", writes.len(), shown.join("\n"))
 }
 
 #[tokio::test]
@@ -48,7 +65,8 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
             name,
         ]
     };
-    let mut first = Operator::start(&testbed, &args("replica-a")).await?;
+    // Each replica runs as a ServiceAccount of its own, so the audit log names who wrote what.
+    let mut first = Operator::start_as(&testbed, "replica-a", &args("replica-a")).await?;
     wait_for("replica-a to lead", WAIT, || async {
         Ok(lease_holder(&client)
             .await?
@@ -56,7 +74,7 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
             .map(|_| ()))
     })
     .await?;
-    let second = Operator::start(&testbed, &args("replica-b")).await?;
+    let second = Operator::start_as(&testbed, "replica-b", &args("replica-b")).await?;
     assert_eq!(second.metric("maintenance_operator_leader").await?, 0.0);
     assert_eq!(first.metric("maintenance_operator_leader").await?, 1.0);
 
@@ -70,7 +88,7 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
         )
         .await?;
     }
-    // The leader admits two; the standby neither admits nor evicts.
+    // The leader admits two and brings them to Ready.
     wait_for("two requests Ready", WAIT, || async {
         let ready = list_requests(&client, &ns)
             .await?
@@ -80,15 +98,11 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
         Ok((ready == 2).then_some(()))
     })
     .await?;
-    assert_eq!(
-        second
-            .metric("maintenance_operator_requests_admitted_total")
-            .await?,
-        0.0,
-        "the standby admitted requests"
-    );
 
     // Kill the leader; the standby takes over within the lease duration (plus its retry period).
+    // The API server's clock and ours are the same machine's: every write the audit log dates
+    // before this instant happened before the failover.
+    let failover = jiff::Timestamp::now();
     first.kill();
     let killed = Instant::now();
     wait_for("replica-b to lead", WAIT, || async {
@@ -114,6 +128,39 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
 
     // The new leader finishes everything, releasing each request when Ready.
     release_all_when_ready(&client, &ns, WAIT).await?;
+
+    // Who wrote what, as the API server saw it.
+    let audit = AuditLog::read(&testbed)?;
+    let (leader, standby) = (
+        service_account_user("replica-a"),
+        service_account_user("replica-b"),
+    );
+    let leader_writes = audit.writes_by(&leader);
+    let standby_writes = audit.writes_by(&standby);
+    // The positive control: the log does hold the operator's writes, so an empty list for the
+    // standby means it wrote nothing, not that nothing was logged.
+    ensure!(
+        wrote(&leader_writes, "leases") && wrote(&leader_writes, "nodemaintenances"),
+        "the audit log holds no Lease and NodeMaintenance writes of the first leader ({leader}): \
+         is tests/testbed/audit-policy.yaml logging the operator's writes? Its writes: {}",
+        describe_writes(&leader_writes)
+    );
+    let before_failover: Vec<&WriteCall> = standby_writes
+        .iter()
+        .copied()
+        .filter(|w| w.received < failover)
+        .collect();
+    ensure!(
+        before_failover.is_empty(),
+        "the standby ({standby}) wrote while the other replica led: {}",
+        describe_writes(&before_failover)
+    );
+    ensure!(
+        wrote(&standby_writes, "leases") && wrote(&standby_writes, "nodemaintenances"),
+        "the new leader ({standby}) took the Lease and finished the requests, yet the audit log \
+         shows none of its Lease and NodeMaintenance writes: {}",
+        describe_writes(&standby_writes)
+    );
     checker.abort();
     let max = max_seen.load(Ordering::SeqCst);
     ensure!(

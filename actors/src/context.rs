@@ -11,11 +11,11 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
 use maintenance_crds::{NodeMaintenance, NodeMaintenanceStatus, Phase};
 
-use crate::conditions;
-use crate::drain_plan::OperatorIdentity;
 use crate::evictor::Evictor;
 use crate::metrics::Metrics;
 use crate::pdb_watch::PdbWatches;
+use maintenance_core::drain_plan::OperatorIdentity;
+use maintenance_core::lifecycle::{self, StatusWrite, Transition};
 
 /// Applies a `logLevel` from the config (debug, info, error).
 pub type LogLevelSetter = Box<dyn Fn(&str) + Send + Sync>;
@@ -140,49 +140,46 @@ impl Context {
         message: &str,
         edit: impl FnOnce(&mut NodeMaintenanceStatus),
     ) -> Result<NodeMaintenance, kube::Error> {
-        let from = nm.phase();
-        let had_ready_condition = nm
-            .condition(maintenance_crds::condition_type::READY)
-            .is_some();
-        let since = conditions::phase_since(nm);
-        let now = jiff::Timestamp::now();
-        let mut status = nm.status.clone().unwrap_or_default();
-        conditions::set_phase(
-            &mut status.conditions,
-            phase,
-            message,
-            now,
-            nm.metadata.generation,
-        );
-        edit(&mut status);
-        let updated = self.write_status(nm, &status).await?;
-        if from != phase || !had_ready_condition {
-            if let Some(since) = since.filter(|_| had_ready_condition) {
-                let seconds = now.duration_since(since).as_secs_f64().max(0.0);
-                self.metrics
-                    .phase_duration_seconds
-                    .with_label_values(&[from.as_str()])
-                    .observe(seconds);
-            }
-            // A request the operator sees for the first time comes from no phase at all.
-            let from_label = if had_ready_condition {
-                from.as_str()
-            } else {
-                "New"
-            };
-            self.metrics
-                .phase_transitions_total
-                .with_label_values(&[from_label, phase.as_str()])
-                .inc();
-            tracing::info!(request = %nm.key(), node = %nm.spec.node_name, from = %from, to = %phase, "phase changed");
-            let note = if message.is_empty() {
-                format!("{} is now {phase}", nm.spec.node_name)
-            } else {
-                format!("{} is now {phase}: {message}", nm.spec.node_name)
-            };
-            self.event(&updated, false, phase.as_str(), note).await;
+        let write = lifecycle::enter_phase(nm, phase, message, jiff::Timestamp::now(), edit);
+        self.apply_status_write(nm, &write).await
+    }
+
+    /// Writes a status the lifecycle decided on; a phase change is measured, logged and
+    /// published as an Event.
+    pub async fn apply_status_write(
+        &self,
+        nm: &NodeMaintenance,
+        write: &StatusWrite,
+    ) -> Result<NodeMaintenance, kube::Error> {
+        let updated = self.write_status(nm, &write.status).await?;
+        if let Some(transition) = &write.transition {
+            self.record_transition(&updated, transition).await;
         }
         Ok(updated)
+    }
+
+    async fn record_transition(&self, nm: &NodeMaintenance, transition: &Transition) {
+        let to = transition.to;
+        if let (Some(from), Some(spent)) = (transition.from, transition.in_phase_for) {
+            self.metrics
+                .phase_duration_seconds
+                .with_label_values(&[from.as_str()])
+                .observe(spent.as_secs_f64());
+        }
+        // A request the operator sees for the first time comes from no phase at all.
+        let from_label = transition.from.map_or("New", Phase::as_str);
+        self.metrics
+            .phase_transitions_total
+            .with_label_values(&[from_label, to.as_str()])
+            .inc();
+        tracing::info!(request = %nm.key(), node = %nm.spec.node_name, from = from_label, to = %to, "phase changed");
+        let node = &nm.spec.node_name;
+        let note = if transition.message.is_empty() {
+            format!("{node} is now {to}")
+        } else {
+            format!("{node} is now {to}: {}", transition.message)
+        };
+        self.event(nm, false, to.as_str(), note).await;
     }
 }
 

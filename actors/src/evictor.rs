@@ -8,40 +8,9 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
 
+use maintenance_core::eviction::EvictionOutcome;
+
 use crate::metrics::Metrics;
-
-/// What the API server said to one eviction call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EvictionOutcome {
-    /// Accepted: the pod is terminating now.
-    Evicted,
-    /// The pod no longer exists, or was replaced by one with another UID.
-    Gone,
-    /// A PodDisruptionBudget (or the API server's own rate limit) refuses for now (429).
-    Refused {
-        pdb: Option<String>,
-        message: String,
-    },
-    /// Several PodDisruptionBudgets select the pod (500): the API server cannot decide.
-    MultiplePdbs { message: String },
-    /// Anything else: network trouble, forbidden, server error.
-    Error { code: Option<u16>, message: String },
-}
-
-impl EvictionOutcome {
-    fn metric_labels(&self) -> (&'static str, String) {
-        match self {
-            EvictionOutcome::Evicted => ("evicted", "201".into()),
-            EvictionOutcome::Gone => ("gone", "404".into()),
-            EvictionOutcome::Refused { .. } => ("refused", "429".into()),
-            EvictionOutcome::MultiplePdbs { .. } => ("multiple_pdbs", "500".into()),
-            EvictionOutcome::Error { code, .. } => (
-                "error",
-                code.map_or_else(|| "none".to_string(), |c| c.to_string()),
-            ),
-        }
-    }
-}
 
 /// The eviction rate in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

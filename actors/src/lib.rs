@@ -1,14 +1,11 @@
-//! The maintenance engine: the pure core (scheduler, drain planning) and the actors that do the
-//! I/O (supervisor, one actor per node under maintenance, the shared eviction executor).
+//! The I/O shell of the maintenance engine: the supervisor, one actor per node under maintenance,
+//! the shared eviction executor and PDB watches. Every decision they act on comes from
+//! `maintenance-core`.
 
-pub mod conditions;
 pub mod context;
-pub mod drain_plan;
 pub mod evictor;
-pub mod label_selector;
 pub mod metrics;
 pub mod node_actor;
 pub mod pdb_watch;
-pub mod scheduler;
 pub mod supervisor;
 pub mod task;

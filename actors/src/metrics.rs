@@ -1,6 +1,9 @@
 //! Prometheus metrics of the engine. Every name starts with `maintenance_operator_`; the Grafana
 //! dashboard and alert rules in `grafana/` are tested against [`Metrics::metric_names`].
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     Opts, Registry,
@@ -48,6 +51,8 @@ pub struct Metrics {
     pub errors_total: IntCounterVec,
     /// 1 while this process is the leader (or runs without election).
     pub leader: Gauge,
+    /// The pods each PDB blocks, summed over node actors: a label set goes when its count is 0.
+    blocked_by_pdb: Mutex<HashMap<(String, String), i64>>,
 }
 
 /// A gauge vector labelled by phase.
@@ -151,6 +156,7 @@ impl Metrics {
                 "leader",
                 "1 while this process leads (admits and evicts)",
             ))?,
+            blocked_by_pdb: Mutex::new(HashMap::new()),
             registry,
         };
         m.register_all()?;
@@ -198,6 +204,32 @@ impl Metrics {
         String::from_utf8_lossy(&buf).into_owned()
     }
 
+    /// Adds `delta` pods blocked by the PDB `namespace/pdb`; the label set is removed when no
+    /// actor reports a pod blocked by it any more, so ended drains leave no stale series.
+    pub fn add_pods_blocked_by_pdb(&self, namespace: &str, pdb: &str, delta: i64) {
+        let Ok(mut counts) = self.blocked_by_pdb.lock() else {
+            return;
+        };
+        let key = (namespace.to_string(), pdb.to_string());
+        let total = {
+            let count = counts.entry(key.clone()).or_default();
+            *count = (*count + delta).max(0);
+            *count
+        };
+        if total == 0 {
+            counts.remove(&key);
+            let _ = self
+                .pods_blocked_by_pdb
+                .remove_label_values(&[namespace, pdb]);
+        } else {
+            // Precision is no concern: counts of pods.
+            #[allow(clippy::cast_precision_loss)]
+            self.pods_blocked_by_pdb
+                .with_label_values(&[namespace, pdb])
+                .set(total as f64);
+        }
+    }
+
     /// Every metric family name the operator exports (histograms as their base name), including
     /// labelled families that have no sample yet.
     pub fn metric_names(&self) -> Vec<String> {
@@ -232,6 +264,13 @@ mod tests {
         m.phase_transitions_total
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
+        let names = m.metric_names();
+        assert_eq!(names.len(), 17, "{names:?}");
+        m.add_pods_blocked_by_pdb("ns", "q", 2);
+        m.add_pods_blocked_by_pdb("ns", "q", -1);
+        assert!(m.render().contains("pdb=\"q\"} 1"));
+        m.add_pods_blocked_by_pdb("ns", "q", -1);
+        assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
         assert_eq!(names.len(), 17, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));

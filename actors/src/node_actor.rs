@@ -1,8 +1,11 @@
-//! One actor per NodeMaintenance in progress: it alone moves its request from Scheduled to Ready
-//! (cordon, wait for pod completion, drain) and cleans up on deletion. Every step reads what is on
-//! the objects and is idempotent, so a restarted actor (or operator) resumes where it was.
+//! One actor per NodeMaintenance in progress: the I/O shell around the pure lifecycle step
+//! (`maintenance_core::lifecycle`). It observes the node, the pods on it and the PDBs that block
+//! them, asks the step what to do, and executes it: cordon, evictions, status, events, the
+//! finalizer. It holds no lifecycle decision of its own; what it remembers (the eviction ledger)
+//! costs at most one extra call to lose, so a restarted actor (or operator) resumes from the
+//! object.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,36 +15,22 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use maintenance_crds::{
-    BlockedPod, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
-    NodeMaintenanceStatus, Phase, condition_type,
-};
+use maintenance_core::drain_plan;
+use maintenance_core::eviction::EvictionOutcome;
+use maintenance_core::lifecycle::{self, Action, EvictionOrder, Ledger, NodeView, Observed, Step};
+use maintenance_crds::{FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
-use crate::conditions;
 use crate::context::{Context, is_conflict, is_not_found};
-use crate::drain_plan::{self, CompletionRules, DrainRules};
-use crate::evictor::EvictionOutcome;
-use crate::label_selector;
 use crate::task::AbortOnDrop;
-
-/// Drain progress is written at most this often, so a thousand evictions are not a thousand writes.
-const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
-/// Retry cadence for a blocked eviction once the drain has timed out: slow, but it recovers.
-const SLOW_RETRY: Duration = Duration::from_secs(30);
-/// While draining, the state machine runs at least this often.
-const HEARTBEAT: Duration = Duration::from_secs(5);
-/// Bounds of the per-pod eviction backoff.
-const EVICTION_MIN_BACKOFF: Duration = Duration::from_millis(500);
-const EVICTION_MAX_BACKOFF: Duration = Duration::from_secs(15);
 
 pub enum NodeMsg {
     /// The supervisor saw a newer version of the request.
     Updated(Arc<NodeMaintenance>),
-    /// Re-run the state machine (timers).
+    /// Run the step again (timers).
     Step,
     /// Pods on the node changed (coalesced: one in the mailbox stands for any number of events).
     PodsChanged,
@@ -60,39 +49,24 @@ pub struct NodeActor;
 pub struct NodeArgs {
     pub ctx: Arc<Context>,
     pub request: Arc<NodeMaintenance>,
-}
-
-/// Eviction bookkeeping for one pod (in memory only: losing it costs at most one extra call).
-struct PodEviction {
-    uid: Option<String>,
-    attempts: u32,
-    in_flight: bool,
-    /// The API server accepted the eviction: now we wait for the pod to be gone.
-    accepted: bool,
-    next_attempt: Instant,
-    backoff: Box<dyn Iterator<Item = Duration> + Send + Sync>,
-    last: Option<EvictionOutcome>,
-    /// For a MultiplePdbs refusal: the PDBs that select the pod (looked up once).
-    covering_pdbs: Vec<String>,
-    labels: std::collections::BTreeMap<String, String>,
+    /// The supervisor's node cache (read-only here).
+    pub nodes: Store<Node>,
 }
 
 pub struct NodeState {
     ctx: Arc<Context>,
     request: Arc<NodeMaintenance>,
+    nodes: Store<Node>,
     pods: Option<PodWatch>,
-    evictions: HashMap<String, PodEviction>,
+    ledger: Ledger,
     next_step_at: Option<Instant>,
-    last_status_write: Option<Instant>,
     consecutive_errors: u32,
-    last_progress: Instant,
-    last_remaining: Option<usize>,
-    /// Blocked pods per PDB reported in the metrics, so they can be cleared again.
-    reported_pdbs: HashMap<(String, String), f64>,
+    /// Pods per blocking PDB this actor added to the shared gauge, so it can take them back.
+    reported_pdbs: BTreeMap<(String, String), usize>,
     /// Subscriptions to the PDBs that block our pods now.
     pdb_watches: HashMap<(String, String), AbortOnDrop>,
-    /// Largest (totalPods, evictionPods) seen in this drain.
-    drain_counts: (usize, usize),
+    /// The node whose progress gauge this actor set.
+    progress_reported: bool,
 }
 
 struct PodWatch {
@@ -115,7 +89,7 @@ impl NodeState {
         &self.request.spec.node_name
     }
 
-    /// Runs the state machine again after `after`, keeping only the earliest pending timer.
+    /// Runs the step again after `after`, keeping only the earliest pending timer.
     fn schedule_step(&mut self, myself: &ActorRef<NodeMsg>, after: Duration) {
         let at = Instant::now() + after;
         if self.next_step_at.is_some_and(|pending| pending <= at) {
@@ -141,16 +115,14 @@ impl Actor for NodeActor {
         Ok(NodeState {
             ctx: args.ctx,
             request: args.request,
+            nodes: args.nodes,
             pods: None,
-            evictions: HashMap::new(),
+            ledger: Ledger::default(),
             next_step_at: None,
-            last_status_write: None,
             consecutive_errors: 0,
-            last_progress: Instant::now(),
-            last_remaining: None,
-            reported_pdbs: HashMap::new(),
+            reported_pdbs: BTreeMap::new(),
             pdb_watches: HashMap::new(),
-            drain_counts: (0, 0),
+            progress_reported: false,
         })
     }
 
@@ -160,7 +132,8 @@ impl Actor for NodeActor {
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
         state.ctx.metrics.node_actors.dec();
-        clear_metrics(state);
+        state.ledger.clear();
+        report_metrics(state, None);
         Ok(())
     }
 
@@ -170,10 +143,10 @@ impl Actor for NodeActor {
         msg: NodeMsg,
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
+        let now = jiff::Timestamp::now();
         match msg {
             NodeMsg::Updated(request) => {
-                // Only move forward: the supervisor's cache may lag behind our own writes.
-                if newer(&request, &state.request) {
+                if lifecycle::is_newer_version(&request, &state.request) {
                     state.request = request;
                 }
             }
@@ -187,18 +160,21 @@ impl Actor for NodeActor {
                     watch.queued.store(false, Ordering::Release);
                 }
             }
-            NodeMsg::PdbChanged { namespace, name } => wake_blocked_by(state, &namespace, &name),
-            NodeMsg::Evicted { key, uid, outcome } => record_eviction(state, key, uid, outcome),
-        }
-        let phase_before = (state.request.phase(), state.request.is_deleting());
-        match reconcile(&myself, state).await {
-            Ok(()) => {
-                state.consecutive_errors = 0;
-                // A new phase can usually start at once.
-                if (state.request.phase(), state.request.is_deleting()) != phase_before {
-                    let _ = myself.cast(NodeMsg::Step);
-                }
+            NodeMsg::PdbChanged { namespace, name } => {
+                let pdbs = &state.ctx.pdbs;
+                state
+                    .ledger
+                    .wake_blocked_by(&namespace, &name, now, || pdbs.claim(&namespace, &name));
             }
+            NodeMsg::Evicted { key, uid, outcome } => {
+                tracing::debug!(pod = %key, outcome = ?outcome, "eviction answered");
+                state
+                    .ledger
+                    .record(&key, uid.as_deref(), outcome, now, rand::random::<f64>());
+            }
+        }
+        match run_step(&myself, state).await {
+            Ok(()) => state.consecutive_errors = 0,
             Err(err) => {
                 state.consecutive_errors += 1;
                 let delay =
@@ -218,87 +194,12 @@ impl Actor for NodeActor {
     }
 }
 
-/// Compares resourceVersions numerically when they are numbers (etcd's are), else accepts.
-fn newer(candidate: &NodeMaintenance, current: &NodeMaintenance) -> bool {
-    let parse = |o: &NodeMaintenance| o.resource_version().and_then(|v| v.parse::<u64>().ok());
-    match (parse(candidate), parse(current)) {
-        (Some(a), Some(b)) => a >= b,
-        _ => true,
-    }
-}
-
 async fn refresh(state: &mut NodeState) {
-    let api: Api<NodeMaintenance> = Api::namespaced(
-        state.ctx.client.clone(),
-        &state.request.namespace().unwrap_or_default(),
-    );
-    match api.get_opt(&state.request.name_any()).await {
+    match request_api(state).get_opt(&state.request.name_any()).await {
         Ok(Some(fresh)) => state.request = Arc::new(fresh),
         Ok(None) => {}
         Err(err) => tracing::warn!(request = %state.key(), %err, "could not re-read request"),
     }
-}
-
-async fn reconcile(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), kube::Error> {
-    tracing::trace!(request = %state.key(), phase = %state.request.phase(), deleting = state.request.is_deleting(), "reconcile");
-    if state.request.is_deleting() {
-        return cleanup(myself, state).await;
-    }
-    let phase = state.request.phase();
-    let requestor_failed = conditions::requestor_failed(&state.request);
-    if requestor_failed && phase != Phase::RequestorFailed && phase != Phase::Pending {
-        state.pods = None;
-        state.evictions.clear();
-        return advance(
-            state,
-            Phase::RequestorFailed,
-            "the requestor reported a failure",
-        )
-        .await;
-    }
-    match phase {
-        // The supervisor owns admission; nothing to do until it is Scheduled.
-        Phase::Pending => Ok(()),
-        Phase::Scheduled => record_initial_state(state).await,
-        Phase::Cordon => cordon(state).await,
-        Phase::WaitForPodCompletion => wait_for_completion(myself, state).await,
-        Phase::Draining => drain(myself, state).await,
-        Phase::Ready => {
-            // Nothing runs on a Ready node: stop watching its pods.
-            state.pods = None;
-            state.evictions.clear();
-            clear_metrics(state);
-            Ok(())
-        }
-        Phase::RequestorFailed => {
-            if requestor_failed {
-                Ok(())
-            } else {
-                // The requestor cleared its failure: run the preparation again (idempotent).
-                advance(state, Phase::Cordon, "the requestor cleared its failure").await
-            }
-        }
-    }
-}
-
-async fn advance(state: &mut NodeState, phase: Phase, message: &str) -> Result<(), kube::Error> {
-    advance_with(state, phase, message, |_| {}).await
-}
-
-async fn advance_with(
-    state: &mut NodeState,
-    phase: Phase,
-    message: &str,
-    edit: impl FnOnce(&mut NodeMaintenanceStatus),
-) -> Result<(), kube::Error> {
-    let updated = state
-        .ctx
-        .transition(&state.request, phase, message, edit)
-        .await?;
-    state.request = Arc::new(updated);
-    state.last_progress = Instant::now();
-    state.last_status_write = Some(Instant::now());
-    Ok(())
 }
 
 fn node_api(state: &NodeState) -> Api<Node> {
@@ -312,54 +213,179 @@ fn request_api(state: &NodeState) -> Api<NodeMaintenance> {
     )
 }
 
-/// Scheduled: remember whether the node was already unschedulable, so cleanup uncordons only a
-/// node that we cordoned.
-async fn record_initial_state(state: &mut NodeState) -> Result<(), kube::Error> {
-    if !state
-        .request
-        .annotations()
-        .contains_key(INITIAL_UNSCHEDULABLE_ANNOTATION)
-    {
-        let Some(node) = node_api(state).get_opt(state.node()).await? else {
-            return advance(
-                state,
-                Phase::Scheduled,
-                &format!(
-                    "node {} does not exist; delete this request or create the node",
-                    state.node()
-                ),
-            )
-            .await;
-        };
-        let unschedulable = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
-        let patch = serde_json::json!({
-            "metadata": {
-                "resourceVersion": state.request.resource_version(),
-                "annotations": { INITIAL_UNSCHEDULABLE_ANNOTATION: unschedulable.to_string() },
-            }
-        });
-        let updated = request_api(state)
-            .patch(
-                &state.request.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        state.request = Arc::new(updated);
+fn view_of(node: Option<&Node>) -> NodeView {
+    match node {
+        None => NodeView::Missing,
+        Some(node) => NodeView::Present {
+            unschedulable: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+        },
     }
-    advance(state, Phase::Cordon, "").await
 }
 
-fn we_cordon(request: &NodeMaintenance) -> bool {
-    request.spec.cordon()
-        && request
-            .annotations()
-            .get(INITIAL_UNSCHEDULABLE_ANNOTATION)
-            .is_some_and(|v| v == "false")
+/// The node from the shared cache, or from the API server when the step needs it fresh or the
+/// cache says it is gone (releasing a request is not decided on a lagging cache).
+async fn observe_node(state: &NodeState) -> Result<NodeView, kube::Error> {
+    if !lifecycle::needs_fresh_node(&state.request)
+        && let Some(node) = state.nodes.get(&ObjectRef::new(state.node()))
+    {
+        return Ok(view_of(Some(&node)));
+    }
+    let node = node_api(state).get_opt(state.node()).await?;
+    Ok(view_of(node.as_ref()))
+}
+
+/// One step: observe, decide (pure), execute.
+async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), kube::Error> {
+    let node = observe_node(state).await?;
+    for (key, namespace, labels) in state.ledger.needs_covering_pdbs() {
+        let pdbs = covering_pdbs(&state.ctx, &namespace, &labels).await?;
+        state.ledger.set_covering_pdbs(&key, pdbs);
+    }
+    let pods: Option<Vec<Pod>> = state.pods.as_ref().and_then(|watch| {
+        watch
+            .synced
+            .load(Ordering::Acquire)
+            .then(|| watch.store.state().iter().map(|p| (**p).clone()).collect())
+    });
+    let pdb_summaries: BTreeMap<String, String> = state
+        .ledger
+        .pdbs_waited_on()
+        .into_iter()
+        .filter_map(|(namespace, name)| {
+            let summary = state.ctx.pdbs.current(&namespace, &name)?;
+            Some((format!("{namespace}/{name}"), summary.to_string()))
+        })
+        .collect();
+    let observed = Observed {
+        node,
+        pods: pods.as_deref(),
+        pdb_summaries: &pdb_summaries,
+        operator: &state.ctx.identity,
+    };
+    let now = jiff::Timestamp::now();
+    let step = lifecycle::step(&state.request, &observed, now, &mut state.ledger);
+    tracing::trace!(request = %state.key(), phase = %state.request.phase(), actions = step.actions.len(), "step");
+
+    if step.watch_pods {
+        ensure_pod_watch(myself, state);
+    } else {
+        state.pods = None;
+    }
+    let moved = step.transition().is_some();
+    execute(myself, state, &step).await?;
+    sync_pdb_subscriptions(myself, state);
+    report_metrics(state, step.last_progress);
+    if step.finished {
+        tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished");
+        myself.stop(Some("maintenance finished".into()));
+        return Ok(());
+    }
+    if let Some(at) = step.wake_at {
+        let wait =
+            Duration::try_from(at.duration_since(jiff::Timestamp::now())).unwrap_or_default();
+        state.schedule_step(myself, wait);
+    }
+    // A new phase can usually start at once.
+    if moved {
+        let _ = myself.cast(NodeMsg::Step);
+    }
+    Ok(())
+}
+
+async fn execute(
+    myself: &ActorRef<NodeMsg>,
+    state: &mut NodeState,
+    step: &Step,
+) -> Result<(), kube::Error> {
+    for action in &step.actions {
+        match action {
+            Action::RecordInitialState { unschedulable } => {
+                let patch = serde_json::json!({
+                    "metadata": {
+                        "resourceVersion": state.request.resource_version(),
+                        "annotations": { INITIAL_UNSCHEDULABLE_ANNOTATION: unschedulable.to_string() },
+                    }
+                });
+                let updated = request_api(state)
+                    .patch(
+                        &state.request.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await?;
+                state.request = Arc::new(updated);
+            }
+            Action::Cordon => set_unschedulable(state, true).await?,
+            Action::Uncordon => set_unschedulable(state, false).await?,
+            Action::Evict(orders) => {
+                for order in orders {
+                    start_eviction(myself, state, order.clone());
+                }
+            }
+            Action::WriteStatus(write) => {
+                let updated = state.ctx.apply_status_write(&state.request, write).await?;
+                state.request = Arc::new(updated);
+                state.ledger.last_status_write = Some(jiff::Timestamp::now());
+            }
+            Action::Event(event) => {
+                let request = state.request.clone();
+                state
+                    .ctx
+                    .event(
+                        &request,
+                        event.warning,
+                        event.reason.as_str(),
+                        event.note.clone(),
+                    )
+                    .await;
+            }
+            Action::RemoveFinalizer {
+                phase,
+                in_phase_for,
+            } => {
+                remove_finalizer(state).await?;
+                if let Some(spent) = in_phase_for {
+                    state
+                        .ctx
+                        .metrics
+                        .phase_duration_seconds
+                        .with_label_values(&[phase.as_str()])
+                        .observe(spent.as_secs_f64());
+                }
+            }
+            Action::DrainFinished { after } => state
+                .ctx
+                .metrics
+                .drain_duration_seconds
+                .observe(after.as_secs_f64()),
+        }
+    }
+    Ok(())
+}
+
+fn start_eviction(myself: &ActorRef<NodeMsg>, state: &NodeState, order: EvictionOrder) {
+    let ctx = state.ctx.clone();
+    let actor = myself.clone();
+    tokio::spawn(async move {
+        let outcome = ctx
+            .evictor
+            .evict(
+                &order.namespace,
+                &order.name,
+                order.uid.as_deref(),
+                order.is_retry,
+            )
+            .await;
+        let _ = actor.cast(NodeMsg::Evicted {
+            key: order.key,
+            uid: order.uid,
+            outcome,
+        });
+    });
 }
 
 async fn set_unschedulable(state: &NodeState, unschedulable: bool) -> Result<(), kube::Error> {
@@ -375,27 +401,37 @@ async fn set_unschedulable(state: &NodeState, unschedulable: bool) -> Result<(),
     }
 }
 
-async fn cordon(state: &mut NodeState) -> Result<(), kube::Error> {
-    if we_cordon(&state.request) {
-        set_unschedulable(state, true).await?;
+async fn remove_finalizer(state: &NodeState) -> Result<(), kube::Error> {
+    let finalizers: Vec<String> = state
+        .request
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": state.request.resource_version(),
+            "finalizers": finalizers,
+        }
+    });
+    match request_api(state)
+        .patch(
+            &state.request.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
+        Err(err) => Err(err),
     }
-    let spec = &state.request.spec;
-    let (next, message) = if spec.wait_for_pod_completion.is_some() {
-        (Phase::WaitForPodCompletion, "")
-    } else if spec.drain_spec.is_some() {
-        (Phase::Draining, "")
-    } else {
-        (Phase::Ready, "no drain requested")
-    };
-    advance(state, next, message).await
 }
 
-fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Option<Store<Pod>> {
-    if let Some(watch) = &state.pods {
-        return watch
-            .synced
-            .load(Ordering::Acquire)
-            .then(|| watch.store.clone());
+fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
+    if state.pods.is_some() {
+        return;
     }
     let api: Api<Pod> = Api::all(state.ctx.client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={}", state.node()));
@@ -442,220 +478,46 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Option
         _task: AbortOnDrop(task),
         _ready: AbortOnDrop(ready_task),
     });
-    None
 }
 
-fn elapsed_in_phase(request: &NodeMaintenance) -> Duration {
-    conditions::phase_since(request)
-        .map(|since| {
-            let secs = jiff::Timestamp::now().duration_since(since).as_secs_f64();
-            Duration::from_secs_f64(secs.max(0.0))
-        })
-        .unwrap_or_default()
-}
-
-fn phase_after_wait(request: &NodeMaintenance) -> Phase {
-    if request.spec.drain_spec.is_some() {
-        Phase::Draining
-    } else {
-        Phase::Ready
-    }
-}
-
-async fn wait_for_completion(
-    myself: &ActorRef<NodeMsg>,
-    state: &mut NodeState,
-) -> Result<(), kube::Error> {
-    let Some(store) = ensure_pod_watch(myself, state) else {
-        return Ok(());
-    };
-    let spec = state
-        .request
-        .spec
-        .wait_for_pod_completion
-        .clone()
-        .unwrap_or_default();
-    let rules = match CompletionRules::new(&spec) {
-        Ok(rules) => rules,
-        Err(err) => {
-            return report_spec_error(state, &err.to_string()).await;
-        }
-    };
-    let pods: Vec<Pod> = store.state().iter().map(|p| (**p).clone()).collect();
-    let waiting: Vec<String> = drain_plan::pods_to_wait_for(&rules, &pods)
-        .iter()
-        .map(|p| p.key())
-        .collect();
-    let next = phase_after_wait(&state.request);
-    if waiting.is_empty() {
-        return advance_with(state, next, "", |s| s.wait_for_completion.clear()).await;
-    }
-    let timeout = spec.timeout_seconds();
-    let elapsed = elapsed_in_phase(&state.request);
-    if timeout > 0 && elapsed >= Duration::from_secs(u64::from(timeout)) {
-        let note = format!(
-            "waited {timeout}s for pod completion; {} pod(s) still running ({}); moving on",
-            waiting.len(),
-            waiting.join(", ")
-        );
-        state
-            .ctx
-            .event(&state.request, true, "WaitForPodCompletionTimeout", note)
-            .await;
-        return advance_with(state, next, "wait for pod completion timed out", |s| {
-            s.wait_for_completion.clear()
-        })
-        .await;
-    }
-    if timeout > 0 {
-        let left = Duration::from_secs(u64::from(timeout)).saturating_sub(elapsed);
-        state.schedule_step(myself, left + Duration::from_millis(100));
-    }
-    let current = state
-        .request
-        .status
-        .as_ref()
-        .map(|s| s.wait_for_completion.clone())
-        .unwrap_or_default();
-    if current != waiting {
-        let mut status = state.request.status.clone().unwrap_or_default();
-        status.wait_for_completion = waiting;
-        write_status(state, status).await?;
-    }
-    Ok(())
-}
-
-/// A spec the operator cannot act on (bad selector or regex): say so in the Failed condition.
-async fn report_spec_error(state: &mut NodeState, message: &str) -> Result<(), kube::Error> {
-    if state
-        .request
-        .condition(condition_type::FAILED)
-        .is_some_and(|c| c.message == message)
-    {
-        return Ok(());
-    }
-    let mut status = state.request.status.clone().unwrap_or_default();
-    conditions::upsert_condition(
-        &mut status.conditions,
-        condition_type::FAILED,
-        true,
-        "InvalidSpec",
-        message,
-        jiff::Timestamp::now(),
-        state.request.metadata.generation,
-    );
-    let request = state.request.clone();
-    state
-        .ctx
-        .event(&request, true, "InvalidSpec", message.to_string())
-        .await;
-    write_status(state, status).await
-}
-
-async fn write_status(
-    state: &mut NodeState,
-    status: NodeMaintenanceStatus,
-) -> Result<(), kube::Error> {
-    let updated = state.ctx.write_status(&state.request, &status).await?;
-    state.request = Arc::new(updated);
-    state.last_status_write = Some(Instant::now());
-    Ok(())
-}
-
-fn record_eviction(
-    state: &mut NodeState,
-    key: String,
-    uid: Option<String>,
-    outcome: EvictionOutcome,
-) {
-    let Some(entry) = state.evictions.get_mut(&key) else {
-        return;
-    };
-    if entry.uid != uid {
-        return;
-    }
-    entry.in_flight = false;
-    tracing::debug!(pod = %key, attempt = entry.attempts, outcome = ?outcome, "eviction answered");
-    match &outcome {
-        EvictionOutcome::Evicted | EvictionOutcome::Gone => {
-            entry.accepted = true;
-            state.last_progress = Instant::now();
-        }
-        EvictionOutcome::Refused { .. }
-        | EvictionOutcome::MultiplePdbs { .. }
-        | EvictionOutcome::Error { .. } => {
-            let delay = entry.backoff.next().unwrap_or(EVICTION_MAX_BACKOFF);
-            entry.next_attempt = Instant::now() + delay;
+/// Keeps the shared gauges in step with the ledger: pods blocked per PDB, and while draining the
+/// seconds since the last progress. Label sets go when the request no longer needs them.
+fn report_metrics(state: &mut NodeState, last_progress: Option<jiff::Timestamp>) {
+    let now = state.ledger.blocked_by_pdb();
+    let metrics = &state.ctx.metrics;
+    let keys: BTreeSet<&(String, String)> = now.keys().chain(state.reported_pdbs.keys()).collect();
+    for key in keys {
+        let before = state.reported_pdbs.get(key).copied().unwrap_or(0);
+        let after = now.get(key).copied().unwrap_or(0);
+        if before != after {
+            let delta = i64::try_from(after).unwrap_or(i64::MAX)
+                - i64::try_from(before).unwrap_or(i64::MAX);
+            metrics.add_pods_blocked_by_pdb(&key.0, &key.1, delta);
         }
     }
-    entry.last = Some(outcome);
-}
-
-fn new_backoff() -> Box<dyn Iterator<Item = Duration> + Send + Sync> {
-    use backon::BackoffBuilder;
-    Box::new(
-        backon::ExponentialBuilder::default()
-            .with_min_delay(EVICTION_MIN_BACKOFF)
-            .with_max_delay(EVICTION_MAX_BACKOFF)
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .build(),
-    )
-}
-
-fn blocked_entry(ctx: &Context, key: &str, entry: &PodEviction) -> Option<BlockedPod> {
-    let namespace = key.split('/').next().unwrap_or_default();
-    let describe = |pdb: &str| match ctx.pdbs.current(namespace, pdb) {
-        Some(summary) => format!("PodDisruptionBudget {namespace}/{pdb} ({summary})"),
-        None => format!("PodDisruptionBudget {namespace}/{pdb}"),
-    };
-    let (reason, message) = match entry.last.as_ref()? {
-        EvictionOutcome::Refused { pdb, message } => (
-            "PDB",
-            match pdb {
-                Some(pdb) => format!(
-                    "{} allows no disruption now; retrying when it changes ({message})",
-                    describe(pdb)
-                ),
-                None => format!("eviction refused: {message}"),
-            },
-        ),
-        EvictionOutcome::MultiplePdbs { message } => (
-            "MultiplePDBs",
-            if entry.covering_pdbs.is_empty() {
-                format!("{message}; make exactly one PodDisruptionBudget select the pod")
-            } else {
-                let names: Vec<String> = entry.covering_pdbs.iter().map(|p| describe(p)).collect();
-                format!(
-                    "covered by {} PodDisruptionBudgets: {}; the Eviction API refuses pods with more than one, make exactly one select the pod",
-                    names.len(),
-                    names.join(", ")
-                )
-            },
-        ),
-        EvictionOutcome::Error { code, message } => (
-            "Error",
-            match code {
-                Some(code) => format!("eviction failed with HTTP {code}: {message}"),
-                None => format!("eviction failed: {message}"),
-            },
-        ),
-        // Evicted pods still present are listed as Terminating from the pod itself.
-        EvictionOutcome::Evicted | EvictionOutcome::Gone => return None,
-    };
-    Some(BlockedPod {
-        pod: key.to_string(),
-        reason: reason.to_string(),
-        message,
-    })
+    state.reported_pdbs = now;
+    let gauge = &metrics.seconds_since_progress;
+    match last_progress {
+        Some(at) => {
+            let seconds = jiff::Timestamp::now().duration_since(at).as_secs_f64();
+            gauge
+                .with_label_values(&[state.request.spec.node_name.as_str()])
+                .set(seconds.max(0.0));
+            state.progress_reported = true;
+        }
+        None if state.progress_reported => {
+            let _ = gauge.remove_label_values(&[state.request.spec.node_name.as_str()]);
+            state.progress_reported = false;
+        }
+        None => {}
+    }
 }
 
 /// The PDBs that select a pod (for the "several PDBs" case, which the API server does not name).
 async fn covering_pdbs(
     ctx: &Context,
     namespace: &str,
-    pod_labels: &std::collections::BTreeMap<String, String>,
+    pod_labels: &BTreeMap<String, String>,
 ) -> Result<Vec<String>, kube::Error> {
     let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), namespace);
     let mut names: Vec<String> = api
@@ -663,12 +525,7 @@ async fn covering_pdbs(
         .await?
         .items
         .iter()
-        .filter(|pdb| {
-            pdb.spec
-                .as_ref()
-                .and_then(|s| s.selector.as_ref())
-                .is_some_and(|sel| label_selector::matches_label_selector(sel, pod_labels))
-        })
+        .filter(|pdb| drain_plan::pdb_selects(pdb, namespace, pod_labels))
         .map(|pdb| pdb.name_any())
         .collect();
     names.sort();
@@ -677,21 +534,7 @@ async fn covering_pdbs(
 
 /// Keeps one PDB subscription per PDB that blocks one of our pods, and drops the others.
 fn sync_pdb_subscriptions(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
-    let mut wanted: HashSet<(String, String)> = HashSet::new();
-    for (key, entry) in &state.evictions {
-        let namespace = key.split('/').next().unwrap_or_default().to_string();
-        match &entry.last {
-            Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) => {
-                wanted.insert((namespace, pdb.clone()));
-            }
-            Some(EvictionOutcome::MultiplePdbs { .. }) => {
-                for pdb in &entry.covering_pdbs {
-                    wanted.insert((namespace.clone(), pdb.clone()));
-                }
-            }
-            _ => {}
-        }
-    }
+    let wanted = state.ledger.pdbs_waited_on();
     state.pdb_watches.retain(|key, _| wanted.contains(key));
     for (namespace, name) in wanted {
         if state
@@ -727,407 +570,4 @@ fn sync_pdb_subscriptions(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
             .pdb_watches
             .insert((namespace, name), AbortOnDrop(task));
     }
-}
-
-/// A PDB now allows a disruption (or is gone): retry the pods it blocked at once, as many as
-/// the shared tokens allow (the other waiters keep their backoff).
-fn wake_blocked_by(state: &mut NodeState, namespace: &str, name: &str) {
-    let now = Instant::now();
-    let prefix = format!("{namespace}/");
-    let mut waiting: Vec<&String> = state
-        .evictions
-        .iter()
-        .filter(|(key, entry)| {
-            key.starts_with(&prefix)
-                && !entry.in_flight
-                && entry.next_attempt > now
-                && match &entry.last {
-                    Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) => pdb == name,
-                    Some(EvictionOutcome::MultiplePdbs { .. }) => {
-                        entry.covering_pdbs.iter().any(|p| p == name)
-                    }
-                    _ => false,
-                }
-        })
-        .map(|(key, _)| key)
-        .collect();
-    waiting.sort();
-    let woken: Vec<String> = waiting
-        .into_iter()
-        .take_while(|_| state.ctx.pdbs.claim(namespace, name))
-        .cloned()
-        .collect();
-    for key in woken {
-        if let Some(entry) = state.evictions.get_mut(&key) {
-            entry.next_attempt = now;
-        }
-    }
-}
-
-async fn drain(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), kube::Error> {
-    let Some(store) = ensure_pod_watch(myself, state) else {
-        return Ok(());
-    };
-    let spec = state.request.spec.drain_spec.clone().unwrap_or_default();
-    let rules = match DrainRules::new(&spec, Some(state.ctx.identity.clone())) {
-        Ok(rules) => rules,
-        Err(err) => return report_spec_error(state, &err.to_string()).await,
-    };
-    let pods: Vec<Pod> = store.state().iter().map(|p| (**p).clone()).collect();
-    let plan = drain_plan::plan(&rules, &pods);
-
-    // Pods we evicted that still exist with the same UID are still terminating: wait for them.
-    let live: HashMap<String, Option<String>> = pods
-        .iter()
-        .map(|p| {
-            (
-                format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
-                p.uid(),
-            )
-        })
-        .collect();
-    state
-        .evictions
-        .retain(|key, e| live.get(key).is_some_and(|uid| *uid == e.uid));
-
-    let now = Instant::now();
-    let mut wake_at: Option<Instant> = None;
-    let timed_out = timed_out(&state.request, &spec);
-    for pod in &plan.to_evict {
-        let key = pod.key();
-        let entry = state
-            .evictions
-            .entry(key.clone())
-            .or_insert_with(|| PodEviction {
-                uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
-                attempts: 0,
-                in_flight: false,
-                accepted: false,
-                next_attempt: now,
-                backoff: new_backoff(),
-                last: None,
-                covering_pdbs: Vec::new(),
-                labels: pods
-                    .iter()
-                    .find(|p| p.uid().as_deref() == Some(pod.uid.as_str()))
-                    .and_then(|p| p.metadata.labels.clone())
-                    .unwrap_or_default(),
-            });
-        if entry.in_flight || entry.accepted {
-            continue;
-        }
-        if entry.next_attempt > now {
-            wake_at = Some(wake_at.map_or(entry.next_attempt, |w| w.min(entry.next_attempt)));
-            continue;
-        }
-        entry.in_flight = true;
-        let is_retry = entry.attempts > 0;
-        entry.attempts += 1;
-        if timed_out {
-            // After the timeout keep trying, slowly, so the request recovers by itself.
-            entry.backoff = Box::new(std::iter::repeat(SLOW_RETRY));
-        }
-        let ctx = state.ctx.clone();
-        let actor = myself.clone();
-        let (namespace, name, uid) = (pod.namespace.clone(), pod.name.clone(), entry.uid.clone());
-        tokio::spawn(async move {
-            let outcome = ctx
-                .evictor
-                .evict(&namespace, &name, uid.as_deref(), is_retry)
-                .await;
-            let _ = actor.cast(NodeMsg::Evicted { key, uid, outcome });
-        });
-    }
-    if let Some(at) = wake_at {
-        state.schedule_step(myself, at.saturating_duration_since(now));
-    }
-
-    // The API server's 500 does not name the PDBs: look them up once per pod.
-    for (key, entry) in state.evictions.iter_mut() {
-        if matches!(entry.last, Some(EvictionOutcome::MultiplePdbs { .. }))
-            && entry.covering_pdbs.is_empty()
-        {
-            let namespace = key.split('/').next().unwrap_or_default();
-            entry.covering_pdbs = covering_pdbs(&state.ctx, namespace, &entry.labels).await?;
-        }
-    }
-    sync_pdb_subscriptions(myself, state);
-
-    let mut blocked: Vec<BlockedPod> = plan
-        .blocked
-        .iter()
-        .map(|(pod, reason)| reason.to_blocked_pod(pod))
-        .collect();
-    // Terminating pods (evicted by us, even before a restart, or by anyone) are waited for
-    // until their object is gone: the node is not drained while they still run.
-    let terminating: Vec<String> = plan
-        .skipped
-        .iter()
-        .filter(|(_, why)| matches!(why, drain_plan::SkipReason::Terminating))
-        .map(|(p, _)| p.key())
-        .collect();
-    let mut remaining: Vec<String> = plan
-        .to_evict
-        .iter()
-        .map(|p| p.key())
-        .chain(plan.blocked.iter().map(|(p, _)| p.key()))
-        .chain(terminating.iter().cloned())
-        .collect();
-    for (key, entry) in &state.evictions {
-        if let Some(b) = blocked_entry(&state.ctx, key, entry)
-            && !terminating.contains(key)
-        {
-            blocked.push(b);
-        }
-    }
-    for key in &terminating {
-        blocked.push(BlockedPod {
-            pod: key.clone(),
-            reason: "Terminating".to_string(),
-            message: "evicted; waiting for the pod to terminate".to_string(),
-        });
-    }
-    remaining.sort();
-    blocked.sort_by(|a, b| a.pod.cmp(&b.pod));
-    tracing::debug!(
-        request = %state.key(),
-        pods = pods.len(),
-        to_evict = plan.to_evict.len(),
-        blocked = plan.blocked.len(),
-        terminating = terminating.len(),
-        "drain step"
-    );
-    update_pdb_metrics(state);
-
-    let previous = state.request.status.as_ref().and_then(|s| s.drain.clone());
-    // The counts only grow during a drain: remembered here between throttled status writes, and
-    // read back from the status after a restart.
-    let eviction_pods = previous
-        .as_ref()
-        .map_or(0, |d| usize::try_from(d.eviction_pods).unwrap_or(0))
-        .max(state.drain_counts.1)
-        .max(remaining.len());
-    let total_pods = previous
-        .as_ref()
-        .map_or(0, |d| usize::try_from(d.total_pods).unwrap_or(0))
-        .max(state.drain_counts.0)
-        .max(plan.total_pods);
-    state.drain_counts = (total_pods, eviction_pods);
-    // The first drain status goes out at once, before pods start to disappear.
-    if previous.is_none() {
-        state.last_status_write = None;
-    }
-    let drain_status = DrainStatus {
-        total_pods: i32::try_from(total_pods).unwrap_or(i32::MAX),
-        eviction_pods: i32::try_from(eviction_pods).unwrap_or(i32::MAX),
-        drain_progress: drain_plan::drain_progress(eviction_pods, remaining.len()),
-        wait_for_eviction: remaining.clone(),
-        blocked: blocked.clone(),
-    };
-    if state.last_remaining != Some(remaining.len()) {
-        state.last_remaining = Some(remaining.len());
-        state.last_progress = Instant::now();
-    }
-    state
-        .ctx
-        .metrics
-        .seconds_since_progress
-        .with_label_values(&[state.node()])
-        .set(state.last_progress.elapsed().as_secs_f64());
-
-    if remaining.is_empty() {
-        let drained_for = elapsed_in_phase(&state.request);
-        state
-            .ctx
-            .metrics
-            .drain_duration_seconds
-            .observe(drained_for.as_secs_f64());
-        clear_metrics(state);
-        return advance_with(state, Phase::Ready, "", |s| {
-            s.drain = Some(drain_status);
-            conditions::remove_condition(&mut s.conditions, condition_type::FAILED);
-        })
-        .await;
-    }
-
-    let mut status = state.request.status.clone().unwrap_or_default();
-    let mut changed = status.drain.as_ref() != Some(&drain_status);
-    status.drain = Some(drain_status);
-    if timed_out && state.request.condition(condition_type::FAILED).is_none() {
-        let message = timeout_message(&spec, &blocked, &remaining);
-        conditions::upsert_condition(
-            &mut status.conditions,
-            condition_type::FAILED,
-            true,
-            "DrainTimeout",
-            &message,
-            jiff::Timestamp::now(),
-            state.request.metadata.generation,
-        );
-        let request = state.request.clone();
-        state
-            .ctx
-            .event(&request, true, "DrainTimeout", message)
-            .await;
-        changed = true;
-        // A timeout is worth writing at once.
-        state.last_status_write = None;
-    }
-    // A heartbeat keeps seconds_since_progress and the timeout current when nothing else happens.
-    state.schedule_step(myself, HEARTBEAT);
-    if !timed_out && spec.timeout_seconds() > 0 {
-        let left = Duration::from_secs(u64::from(spec.timeout_seconds()))
-            .saturating_sub(elapsed_in_phase(&state.request));
-        state.schedule_step(myself, left + Duration::from_millis(100));
-    }
-    if changed {
-        let since_write = state.last_status_write.map(|t| t.elapsed());
-        match since_write {
-            Some(since) if since < STATUS_WRITE_INTERVAL => {
-                state.schedule_step(myself, STATUS_WRITE_INTERVAL - since);
-            }
-            _ => write_status(state, status).await?,
-        }
-    }
-    Ok(())
-}
-
-fn timed_out(request: &NodeMaintenance, spec: &maintenance_crds::DrainSpec) -> bool {
-    let timeout = spec.timeout_seconds();
-    timeout > 0 && elapsed_in_phase(request) >= Duration::from_secs(u64::from(timeout))
-}
-
-fn timeout_message(
-    spec: &maintenance_crds::DrainSpec,
-    blocked: &[BlockedPod],
-    remaining: &[String],
-) -> String {
-    let mut parts: Vec<String> = blocked
-        .iter()
-        .map(|b| format!("{}: {}", b.pod, b.message))
-        .collect();
-    for pod in remaining {
-        if !blocked.iter().any(|b| &b.pod == pod) {
-            parts.push(format!("{pod}: not evicted yet"));
-        }
-    }
-    format!(
-        "drain did not finish within {}s; {} pod(s) remain: {}",
-        spec.timeout_seconds(),
-        remaining.len(),
-        parts.join("; ")
-    )
-}
-
-fn update_pdb_metrics(state: &mut NodeState) {
-    let mut now: HashMap<(String, String), f64> = HashMap::new();
-    for (key, entry) in &state.evictions {
-        if let Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) = &entry.last {
-            let namespace = key.split('/').next().unwrap_or_default().to_string();
-            *now.entry((namespace, pdb.clone())).or_default() += 1.0;
-        }
-    }
-    let gauge = &state.ctx.metrics.pods_blocked_by_pdb;
-    for ((ns, pdb), count) in &state.reported_pdbs {
-        let new = now.get(&(ns.clone(), pdb.clone())).copied().unwrap_or(0.0);
-        if new != *count {
-            gauge.with_label_values(&[ns, pdb]).sub(count - new);
-        }
-    }
-    for ((ns, pdb), count) in &now {
-        if !state.reported_pdbs.contains_key(&(ns.clone(), pdb.clone())) {
-            gauge.with_label_values(&[ns, pdb]).add(*count);
-        }
-    }
-    state.reported_pdbs = now;
-}
-
-fn clear_metrics(state: &mut NodeState) {
-    state.evictions.clear();
-    state.pdb_watches.clear();
-    update_pdb_metrics(state);
-    let _ = state
-        .ctx
-        .metrics
-        .seconds_since_progress
-        .remove_label_values(&[state.node()]);
-}
-
-/// Deletion: wait for additional requestors, uncordon only if we cordoned, drop the finalizer.
-async fn cleanup(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), kube::Error> {
-    state.pods = None;
-    clear_metrics(state);
-    if !state.request.finalizers().iter().any(|f| f == FINALIZER) {
-        myself.stop(Some("request deleted".into()));
-        return Ok(());
-    }
-    let others = state.request.spec.additional_requestors();
-    if !others.is_empty() {
-        // The node stays in maintenance until every requestor has let go.
-        let message = format!(
-            "deletion waits for additionalRequestors to be removed: {}",
-            others.join(", ")
-        );
-        let current = state.request.condition(condition_type::READY);
-        if current.is_none_or(|c| c.message != message) {
-            let mut status = state.request.status.clone().unwrap_or_default();
-            let phase = state.request.phase();
-            conditions::set_phase(
-                &mut status.conditions,
-                phase,
-                &message,
-                jiff::Timestamp::now(),
-                state.request.metadata.generation,
-            );
-            write_status(state, status).await?;
-        }
-        return Ok(());
-    }
-    if we_cordon(&state.request) {
-        set_unschedulable(state, false).await?;
-        let note = format!("uncordoned {}", state.node());
-        let request = state.request.clone();
-        state.ctx.event(&request, false, "Uncordon", note).await;
-    }
-    let finalizers: Vec<String> = state
-        .request
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    let patch = serde_json::json!({
-        "metadata": {
-            "resourceVersion": state.request.resource_version(),
-            "finalizers": finalizers,
-        }
-    });
-    match request_api(state)
-        .patch(
-            &state.request.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(err) if is_not_found(&err) => {}
-        Err(err) => return Err(err),
-    }
-    let phase = state.request.phase();
-    if let Some(since) = conditions::phase_since(&state.request) {
-        let seconds = jiff::Timestamp::now()
-            .duration_since(since)
-            .as_secs_f64()
-            .max(0.0);
-        state
-            .ctx
-            .metrics
-            .phase_duration_seconds
-            .with_label_values(&[phase.as_str()])
-            .observe(seconds);
-    }
-    tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished; finalizer removed");
-    myself.stop(Some("maintenance finished".into()));
-    Ok(())
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use futures::StreamExt;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -52,39 +52,97 @@ impl std::fmt::Display for PdbSummary {
 /// The latest state of a watched PDB: `None` until seen, or once deleted.
 pub type PdbState = Option<PdbSummary>;
 
+type PdbKey = (String, String);
+type WatchMap = Mutex<HashMap<PdbKey, Watched>>;
+
 struct Watched {
     sender: watch::Sender<PdbState>,
     /// Retries that may go now: reset to disruptionsAllowed on every change of the PDB, and
     /// claimed by the node actors, so one freed disruption wakes one pod, not every waiter.
     tokens: Arc<AtomicI32>,
+    /// Live [`PdbSubscription`]s; the last one to drop removes the entry, which aborts the task.
+    subscribers: usize,
     _task: AbortOnDrop,
 }
 
 pub struct PdbWatches {
     client: kube::Client,
-    watched: Mutex<HashMap<(String, String), Watched>>,
+    /// Shared with the subscriptions, which remove their entry when the last one goes.
+    watched: Arc<WatchMap>,
+}
+
+/// Interest in one PDB: changes whenever the PDB changes. Dropping the last subscription of a
+/// PDB ends its watch at once (not at the PDB's next event, which may never come).
+pub struct PdbSubscription {
+    receiver: watch::Receiver<PdbState>,
+    /// The entry to release on drop; `None` for a detached subscription that never changes.
+    entry: Option<(Weak<WatchMap>, PdbKey)>,
+}
+
+impl PdbSubscription {
+    /// Waits for the next change of the PDB; an error means the watch is gone for good.
+    pub async fn changed(&mut self) -> Result<(), watch::error::RecvError> {
+        self.receiver.changed().await
+    }
+
+    /// The PDB's latest state, marking it seen.
+    pub fn borrow_and_update(&mut self) -> watch::Ref<'_, PdbState> {
+        self.receiver.borrow_and_update()
+    }
+
+    /// Makes the next `changed()` return at once, to look at the current state first.
+    pub fn mark_changed(&mut self) {
+        self.receiver.mark_changed();
+    }
+}
+
+impl Drop for PdbSubscription {
+    fn drop(&mut self) {
+        let Some((map, key)) = &self.entry else {
+            return;
+        };
+        let Some(map) = map.upgrade() else { return };
+        // Every edit of the map is complete before it unlocks, so a poisoned map is still
+        // consistent, and releasing the watch matters more than the earlier panic.
+        let mut watched = map.lock().unwrap_or_else(PoisonError::into_inner);
+        let last = watched.get_mut(key).is_some_and(|w| {
+            w.subscribers = w.subscribers.saturating_sub(1);
+            w.subscribers == 0
+        });
+        let removed = if last { watched.remove(key) } else { None };
+        // Abort the task outside the lock.
+        drop(watched);
+        drop(removed);
+    }
 }
 
 impl PdbWatches {
     pub fn new(client: kube::Client) -> PdbWatches {
         PdbWatches {
             client,
-            watched: Mutex::new(HashMap::new()),
+            watched: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
-    /// A receiver that changes whenever the PDB `namespace/name` changes. Drop it to lose
-    /// interest; the watch stops when the last receiver is gone.
-    pub fn subscribe(&self, namespace: &str, name: &str) -> watch::Receiver<PdbState> {
+    /// A subscription that changes whenever the PDB `namespace/name` changes. Drop it to lose
+    /// interest; the watch stops when the last subscription is gone.
+    pub fn subscribe(&self, namespace: &str, name: &str) -> PdbSubscription {
         let Ok(mut watched) = self.watched.lock() else {
-            // A poisoned lock only happens after a panic elsewhere; a receiver that never
+            // A poisoned lock only happens after a panic elsewhere; a subscription that never
             // changes degrades to backoff-only retries, which is still correct.
-            return watch::channel(None).1;
+            return PdbSubscription {
+                receiver: watch::channel(None).1,
+                entry: None,
+            };
         };
-        watched.retain(|_, w| w.sender.receiver_count() > 0);
         let key = (namespace.to_string(), name.to_string());
-        if let Some(existing) = watched.get(&key) {
-            return existing.sender.subscribe();
+        let entry = Some((Arc::downgrade(&self.watched), key.clone()));
+        if let Some(existing) = watched.get_mut(&key) {
+            existing.subscribers += 1;
+            return PdbSubscription {
+                receiver: existing.sender.subscribe(),
+                entry,
+            };
         }
         let (sender, receiver) = watch::channel(None);
         let tokens = Arc::new(AtomicI32::new(0));
@@ -111,9 +169,6 @@ impl PdbWatches {
                     Ok(_) => {}
                     Err(err) => tracing::debug!(%err, "PDB watch error; retrying"),
                 }
-                if tx.receiver_count() == 0 {
-                    break;
-                }
             }
         });
         watched.insert(
@@ -121,10 +176,11 @@ impl PdbWatches {
             Watched {
                 sender,
                 tokens,
+                subscribers: 1,
                 _task: AbortOnDrop(task),
             },
         );
-        receiver
+        PdbSubscription { receiver, entry }
     }
 
     /// The last known state, without subscribing.
@@ -151,11 +207,51 @@ impl PdbWatches {
             .is_ok()
     }
 
-    /// How many PDBs are watched now (for tests and debugging).
+    /// How many PDBs are watched now (for tests and debugging): the entries of the map, each of
+    /// which owns a running watch task.
     pub fn watched(&self) -> usize {
-        self.watched
-            .lock()
-            .map(|w| w.values().filter(|w| w.sender.receiver_count() > 0).count())
-            .unwrap_or(0)
+        self.watched.lock().map(|w| w.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client whose every request fails at once (nothing listens on port 9 of localhost): the
+    /// watch tasks just retry with backoff, which is all these tests need.
+    fn unreachable_client() -> kube::Client {
+        let url = "http://127.0.0.1:9".parse().expect("a valid URL");
+        kube::Client::try_from(kube::Config::new(url)).expect("a client needs no connection")
+    }
+
+    #[tokio::test]
+    async fn the_watch_ends_when_its_last_subscriber_goes() {
+        let watches = PdbWatches::new(unreachable_client());
+        let first = watches.subscribe("team", "web");
+        let second = watches.subscribe("team", "web");
+        let other = watches.subscribe("team", "db");
+        assert_eq!(
+            watches.watched(),
+            2,
+            "one watch per PDB, however many subscribers"
+        );
+
+        drop(first);
+        assert_eq!(watches.watched(), 2, "web still has a subscriber");
+        drop(second);
+        assert_eq!(
+            watches.watched(),
+            1,
+            "web's watch ends with its last subscriber"
+        );
+        drop(other);
+        assert_eq!(watches.watched(), 0);
+
+        // Interest can come back: a new watch starts.
+        let again = watches.subscribe("team", "web");
+        assert_eq!(watches.watched(), 1);
+        drop(again);
+        assert_eq!(watches.watched(), 0);
     }
 }

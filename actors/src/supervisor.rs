@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
 use maintenance_crds::{
     DEFAULT_CONFIG_NAME, FINALIZER, MaintenanceOperatorConfig, NodeMaintenance, Phase,
     condition_type,
@@ -20,17 +21,19 @@ use maintenance_crds::{
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::time::Instant;
 
+use maintenance_core::lifecycle;
+
 use crate::context::{Context, is_conflict, is_not_found};
 use crate::evictor::EvictionRate;
 use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
-use crate::scheduler::{self, Limits, Snapshot};
 use crate::task::AbortOnDrop;
+use maintenance_core::explain::{Explanations, Observed};
+use maintenance_core::ownership::{self, NodeIdentity};
+use maintenance_core::scheduler::{self, Limits, Snapshot};
 
-/// Writes of the initial Pending status made concurrently in one round.
+/// Writes (initial Pending status, owner references, admissions, reasons) made concurrently in
+/// one round.
 const PARALLEL_WRITES: usize = 16;
-/// How often a waiting request's reason may be rewritten, and how many per round.
-const EXPLAIN_INTERVAL: Duration = Duration::from_secs(10);
-const EXPLAIN_PER_ROUND: usize = 64;
 /// Restart backoff for a node actor that failed.
 const RESTART_MIN: Duration = Duration::from_millis(500);
 const RESTART_MAX: Duration = Duration::from_secs(60);
@@ -62,8 +65,8 @@ pub struct SupervisorState {
     change_queued: Arc<AtomicBool>,
     /// The config's logLevel last applied.
     log_level: Option<String>,
-    /// When each waiting request's reason was last written.
-    explained: HashMap<String, Instant>,
+    /// When each waiting request's reason was last written, and under which limits.
+    explanations: Explanations<String>,
 }
 
 fn spawn_watch<K>(
@@ -177,7 +180,7 @@ impl Actor for Supervisor {
             restarts: HashMap::new(),
             change_queued: queued,
             log_level: None,
-            explained: HashMap::new(),
+            explanations: Explanations::default(),
         })
     }
 
@@ -291,7 +294,9 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .collect();
     state.admitted.retain(|uid| pending_uids.contains(uid));
 
-    mark_new_requests_pending(&ctx, &requests).await;
+    let nodes_by_name: HashMap<String, &Arc<Node>> =
+        nodes.iter().map(|n| (n.name_any(), n)).collect();
+    prepare_pending_requests(&ctx, &requests, &nodes_by_name, &state.admitted).await;
 
     let limits = Limits::from_config(config_spec.as_ref());
     let mut snapshot =
@@ -315,8 +320,6 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             ctx.metrics
                 .can_become_unavailable
                 .set(decision.can_become_unavailable.map_or(-1, i64::from));
-            let nodes_by_name: HashMap<String, &Arc<Node>> =
-                nodes.iter().map(|n| (n.name_any(), n)).collect();
             let to_admit: Vec<Arc<NodeMaintenance>> = decision
                 .scheduled
                 .iter()
@@ -331,9 +334,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                 futures::stream::iter(to_admit)
                     .map(|request| {
                         let ctx = ctx.clone();
-                        let node = nodes_by_name
-                            .get(&request.spec.node_name)
-                            .map(|n| n.as_ref());
+                        let node = nodes_by_name.get(&request.spec.node_name).copied();
                         async move {
                             let result = admit(&ctx, &request, node).await;
                             (request, result)
@@ -360,7 +361,14 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                     }
                 }
             }
-            explain_waiting(&ctx, &mut state.explained, &by_key, &decision.waiting).await;
+            explain_waiting(
+                &ctx,
+                &mut state.explanations,
+                &limits,
+                &by_key,
+                &decision.waiting,
+            )
+            .await;
         }
         Err(err) => {
             tracing::error!(%err, "cannot schedule: fix the MaintenanceOperatorConfig");
@@ -389,41 +397,47 @@ fn update_phase_gauge(ctx: &Context, requests: &[Arc<NodeMaintenance>]) {
 }
 
 /// A waiting request's Pending condition says why it waits (the scheduler's reason), so that
-/// `kubectl describe nm` answers "why is my request still Pending?". Rewritten only when the
-/// reason changed, at most every EXPLAIN_INTERVAL per request and EXPLAIN_PER_ROUND per round.
+/// `kubectl describe nm` answers "why is my request still Pending?". Which ones are rewritten now
+/// (throttled per request, but at once after a change of the limits) is decided in core.
 async fn explain_waiting(
     ctx: &Arc<Context>,
-    explained: &mut HashMap<String, Instant>,
+    explanations: &mut Explanations<String>,
+    limits: &Limits,
     by_key: &HashMap<(String, String), &Arc<NodeMaintenance>>,
     waiting: &[scheduler::Waiting],
 ) {
-    let now = Instant::now();
-    let mut writes: Vec<(Arc<NodeMaintenance>, String)> = Vec::new();
-    let mut still_waiting: HashSet<String> = HashSet::new();
+    let mut observed: Vec<Observed<'_, String>> = Vec::new();
+    let mut by_uid: HashMap<String, (&Arc<NodeMaintenance>, &str)> = HashMap::new();
     for entry in waiting {
         let key = (entry.key.namespace.clone(), entry.key.name.clone());
         let Some(request) = by_key.get(&key) else {
             continue;
         };
         let Some(uid) = request.uid() else { continue };
-        still_waiting.insert(uid.clone());
-        let Some(condition) = request.condition(condition_type::READY) else {
+        // Only a Pending condition carries the reason: a new request gets its first message from
+        // `prepare_pending_requests`, and one being deleted is going away.
+        let Some(condition) = request
+            .condition(condition_type::READY)
+            .filter(|c| c.reason == Phase::Pending.as_str())
+        else {
             continue;
         };
-        if request.is_deleting()
-            || condition.reason != Phase::Pending.as_str()
-            || condition.message == entry.reason
-            || explained
-                .get(&uid)
-                .is_some_and(|at| now.duration_since(*at) < EXPLAIN_INTERVAL)
-            || writes.len() >= EXPLAIN_PER_ROUND
-        {
+        if request.is_deleting() {
             continue;
         }
-        explained.insert(uid, now);
-        writes.push((Arc::clone(request), entry.reason.clone()));
+        observed.push(Observed {
+            key: uid.clone(),
+            reason: &entry.reason,
+            message: &condition.message,
+        });
+        by_uid.insert(uid, (request, &entry.reason));
     }
-    explained.retain(|uid, _| still_waiting.contains(uid));
+    let chosen = explanations.round(limits, &observed, jiff::Timestamp::now());
+    let writes: Vec<(Arc<NodeMaintenance>, String)> = chosen
+        .iter()
+        .filter_map(|uid| by_uid.get(uid))
+        .map(|(request, reason)| (Arc::clone(request), reason.to_string()))
+        .collect();
     futures::stream::iter(writes)
         .for_each_concurrent(PARALLEL_WRITES, |(request, reason)| {
             let ctx = ctx.clone();
@@ -444,25 +458,57 @@ async fn explain_waiting(
         .await;
 }
 
-/// New requests get a Pending condition at once, so `kubectl get nm` shows them as waiting.
-async fn mark_new_requests_pending(ctx: &Arc<Context>, requests: &[Arc<NodeMaintenance>]) {
-    let new: Vec<Arc<NodeMaintenance>> = requests
-        .iter()
-        .filter(|r| !r.is_deleting() && r.condition(condition_type::READY).is_none())
-        .cloned()
-        .collect();
-    futures::stream::iter(new)
-        .for_each_concurrent(PARALLEL_WRITES, |request| {
+/// New requests get a Pending condition at once, so `kubectl get nm` shows them as waiting, and
+/// every Pending request gets its Node as owner as soon as the node is known (in the same first
+/// write for a new one), so deleting the node garbage-collects requests that never started.
+/// Requests admitted but still shown Pending by the cache are left to `admit`.
+async fn prepare_pending_requests(
+    ctx: &Arc<Context>,
+    requests: &[Arc<NodeMaintenance>],
+    nodes_by_name: &HashMap<String, &Arc<Node>>,
+    admitted: &HashSet<String>,
+) {
+    let mut work: Vec<(Arc<NodeMaintenance>, bool, Option<Vec<OwnerReference>>)> = Vec::new();
+    for request in requests {
+        if request.is_deleting()
+            || request.phase() != Phase::Pending
+            || request.uid().is_some_and(|uid| admitted.contains(&uid))
+        {
+            continue;
+        }
+        // No Ready condition, or NVIDIA's uninitialized empty reason: never marked Pending yet.
+        let is_new = request
+            .condition(condition_type::READY)
+            .is_none_or(|c| c.reason.is_empty());
+        let owners = ownership::owner_references(
+            request.owner_references(),
+            node_identity(nodes_by_name.get(&request.spec.node_name).copied()),
+        );
+        if is_new || owners.is_some() {
+            work.push((Arc::clone(request), is_new, owners));
+        }
+    }
+    futures::stream::iter(work)
+        .for_each_concurrent(PARALLEL_WRITES, |(request, is_new, owners)| {
             let ctx = ctx.clone();
             async move {
-                match ctx
-                    .transition(&request, Phase::Pending, "waiting for admission", |_| {})
-                    .await
-                {
-                    Ok(_) => {}
+                let result = async {
+                    let request = match owners {
+                        Some(owners) => set_owners(&ctx, &request, &owners).await?,
+                        None => (*request).clone(),
+                    };
+                    if is_new {
+                        ctx.transition(&request, Phase::Pending, "waiting for admission", |_| {})
+                            .await?;
+                    }
+                    Ok::<(), kube::Error>(())
+                }
+                .await;
+                match result {
+                    Ok(()) => {}
                     Err(err) if is_conflict(&err) || is_not_found(&err) => {}
                     Err(err) => {
-                        tracing::warn!(request = %request.key(), %err, "could not set Pending");
+                        tracing::warn!(request = %request.key(), %err, "could not set Pending or the node as owner");
                         ctx.error("pending");
                     }
                 }
@@ -471,12 +517,44 @@ async fn mark_new_requests_pending(ctx: &Arc<Context>, requests: &[Arc<NodeMaint
         .await;
 }
 
+/// The node as ownership needs it; `None` while it is not in the cache (or has no UID yet).
+fn node_identity(node: Option<&Arc<Node>>) -> Option<NodeIdentity<'_>> {
+    let node = node?;
+    Some(NodeIdentity {
+        name: node.metadata.name.as_deref()?,
+        uid: node.metadata.uid.as_deref()?,
+    })
+}
+
+/// Writes the owner references, guarded by the resourceVersion we read (a merge patch replaces
+/// the whole list, so a concurrent edit must fail rather than be overwritten).
+async fn set_owners(
+    ctx: &Context,
+    request: &NodeMaintenance,
+    owners: &[OwnerReference],
+) -> Result<NodeMaintenance, kube::Error> {
+    let api: Api<NodeMaintenance> =
+        Api::namespaced(ctx.client.clone(), &request.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": request.resource_version(),
+            "ownerReferences": owners,
+        }
+    });
+    api.patch(
+        &request.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+}
+
 /// Pending -> Scheduled: finalizer and the node as owner first (so cleanup is guaranteed and
 /// deleting the node removes the request), then the status.
 async fn admit(
     ctx: &Context,
     request: &NodeMaintenance,
-    node: Option<&Node>,
+    node: Option<&Arc<Node>>,
 ) -> Result<NodeMaintenance, kube::Error> {
     let api: Api<NodeMaintenance> =
         Api::namespaced(ctx.client.clone(), &request.namespace().unwrap_or_default());
@@ -484,21 +562,9 @@ async fn admit(
     if !finalizers.iter().any(|f| f == FINALIZER) {
         finalizers.push(FINALIZER.to_string());
     }
-    let mut owners = request.owner_references().to_vec();
-    // An owner, not a controller: the node does not manage the request.
-    let node_ref = node
-        .as_ref()
-        .and_then(|n| n.controller_owner_ref(&()))
-        .map(|mut o| {
-            o.controller = None;
-            o.block_owner_deletion = None;
-            o
-        });
-    if let Some(node_ref) = node_ref
-        && !owners.iter().any(|o| o.uid == node_ref.uid)
-    {
-        owners.push(node_ref);
-    }
+    // Usually already set while the request was Pending; the same rule either way.
+    let owners = ownership::owner_references(request.owner_references(), node_identity(node))
+        .unwrap_or_else(|| request.owner_references().to_vec());
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": request.resource_version(),
@@ -526,10 +592,11 @@ async fn sync_actors(
     let mut live: HashSet<String> = HashSet::new();
     for request in requests {
         let Some(uid) = request.uid() else { continue };
-        let ours = request.finalizers().iter().any(|f| f == FINALIZER);
-        let in_progress = request.phase() != Phase::Pending || state.admitted.contains(&uid);
-        // A request needs an actor while it is in progress, or while our finalizer waits for cleanup.
-        if !(ours || (in_progress && !request.is_deleting())) {
+        let node_exists = state
+            .nodes
+            .get(&reflector::ObjectRef::new(&request.spec.node_name))
+            .is_some();
+        if !lifecycle::needs_actor(request, node_exists, state.admitted.contains(&uid)) {
             continue;
         }
         live.insert(uid.clone());
@@ -551,6 +618,7 @@ async fn sync_actors(
         let args = NodeArgs {
             ctx: state.ctx.clone(),
             request: request.clone(),
+            nodes: state.nodes.clone(),
         };
         // Actor names are global: the UID keeps them unique across namespaces and re-creations.
         let name = format!("node-maintenance-{uid}");

@@ -272,14 +272,91 @@ impl NodeMaintenance {
             .find(|c| c.type_ == type_)
     }
 
-    /// The phase from the `Ready` condition; no status (or an unknown reason) counts as Pending.
+    /// The phase from the `Ready` condition.
+    ///
+    /// No `Ready` condition, or one with an empty reason, is Pending: NVIDIA calls that reason
+    /// `ConditionReasonUninitialized` ("") and its `IsUnderMaintenance` counts it as not started
+    /// (Mellanox/maintenance-operator, api/v1alpha1/nodemaintenance_types.go and
+    /// internal/k8sutils/k8sutils.go). Any other reason we do not know (a newer operator's, or a
+    /// hand edit) means someone started the work: it counts as in progress, so the scheduler
+    /// never admits past the limits, and as Scheduled, from where the node actor resumes the
+    /// preparation idempotently from the start. NVIDIA likewise counts every reason but "" and
+    /// Pending as under maintenance.
     pub fn phase(&self) -> Phase {
-        self.condition(condition_type::READY)
-            .and_then(|c| Phase::parse(&c.reason))
-            .unwrap_or(Phase::Pending)
+        match self.condition(condition_type::READY) {
+            None => Phase::Pending,
+            Some(ready) if ready.reason.is_empty() => Phase::Pending,
+            Some(ready) => Phase::parse(&ready.reason).unwrap_or(Phase::Scheduled),
+        }
     }
 
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn with_ready_reason(reason: Option<&str>) -> NodeMaintenance {
+        NodeMaintenance {
+            status: reason.map(|reason| NodeMaintenanceStatus {
+                conditions: vec![Condition {
+                    type_: condition_type::READY.to_string(),
+                    status: "False".to_string(),
+                    reason: reason.to_string(),
+                    message: String::new(),
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                    observed_generation: None,
+                }],
+                ..NodeMaintenanceStatus::default()
+            }),
+            ..NodeMaintenance::default()
+        }
+    }
+
+    #[test]
+    fn no_ready_condition_is_pending() {
+        assert_eq!(with_ready_reason(None).phase(), Phase::Pending);
+        let other_condition_only = NodeMaintenance {
+            status: Some(NodeMaintenanceStatus {
+                conditions: vec![Condition {
+                    type_: condition_type::REQUESTOR_FAILED.to_string(),
+                    status: "True".to_string(),
+                    reason: "FailedMaintenance".to_string(),
+                    message: String::new(),
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                    observed_generation: None,
+                }],
+                ..NodeMaintenanceStatus::default()
+            }),
+            ..NodeMaintenance::default()
+        };
+        assert_eq!(other_condition_only.phase(), Phase::Pending);
+    }
+
+    #[test]
+    fn every_known_reason_is_its_phase() {
+        for phase in Phase::ALL {
+            assert_eq!(with_ready_reason(Some(phase.as_str())).phase(), phase);
+        }
+    }
+
+    #[test]
+    fn an_empty_reason_is_pending_like_nvidias_uninitialized() {
+        assert_eq!(with_ready_reason(Some("")).phase(), Phase::Pending);
+    }
+
+    #[test]
+    fn an_unknown_reason_counts_as_in_progress() {
+        for reason in ["Rebooting", "pending", "Drained"] {
+            assert_eq!(
+                with_ready_reason(Some(reason)).phase(),
+                Phase::Scheduled,
+                "{reason}"
+            );
+        }
     }
 }

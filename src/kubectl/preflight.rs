@@ -1,7 +1,8 @@
 //! `kubectl maintenance preflight`: whether nodes can be drained, checked live before anyone
-//! starts. The pod selection is the operator's own (`drain_plan::classify`, the rules of
-//! `kubectl drain`); on top of it come the checks a drain cannot do for you: PodDisruptionBudgets
-//! that allow nothing, workloads with a single replica or all replicas on the node.
+//! starts. The pod selection, the flags a pod needs and which PodDisruptionBudgets guard it are
+//! the operator's own rules (`maintenance_core::drain_plan`, the rules of `kubectl drain`); on
+//! top of them come the checks a drain cannot do for you: PodDisruptionBudgets that allow
+//! nothing, workloads with a single replica or all replicas on the node.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -14,16 +15,17 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
-use maintenance_actors::drain_plan::{
-    BlockReason, DrainRules, OperatorIdentity, PodDisposition, classify,
+use maintenance_core::drain_plan::{
+    DrainRules, OperatorIdentity, PodDisposition, PodRef, classify, controller_ref, covering_pdbs,
+    is_finished, required_flags,
 };
-use maintenance_actors::label_selector::matches_label_selector;
 use maintenance_crds::DrainSpec;
 use serde::Serialize;
 
 use super::request::check_nodes_exist;
 use super::view::render_columns;
 use super::{GlobalArgs, Outcome, api_error, connect, natural_cmp};
+use crate::list_all;
 
 pub const AFTER_HELP: &str = "\
 What is checked, for every pod a drain of the node would evict:
@@ -50,7 +52,6 @@ Examples:
 
 /// Above this many nodes, the pods of the whole cluster are listed once instead of per node.
 const PER_NODE_LIST_LIMIT: usize = 32;
-const LIST_PAGE_SIZE: u32 = 500;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
@@ -147,39 +148,16 @@ pub struct PreflightFacts {
 }
 
 fn pod_key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
+    PodRef::from_pod(pod).key()
 }
 
 fn controller_key(pod: &Pod) -> Option<ControllerKey> {
-    let owner = pod
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))?;
+    let owner = controller_ref(pod)?;
     Some((
         pod.metadata.namespace.clone().unwrap_or_default(),
         owner.kind.clone(),
         owner.name.clone(),
     ))
-}
-
-fn is_finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-fn has_empty_dir(pod: &Pod) -> bool {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .any(|v| v.empty_dir.is_some())
 }
 
 fn pdb_key(pdb: &PodDisruptionBudget) -> String {
@@ -188,21 +166,6 @@ fn pdb_key(pdb: &PodDisruptionBudget) -> String {
         pdb.metadata.namespace.as_deref().unwrap_or_default(),
         pdb.name_any()
     )
-}
-
-/// The PDBs that select `pod` (a PDB without selector selects nothing).
-fn covering_pdbs<'a>(pod: &Pod, pdbs: &'a [PodDisruptionBudget]) -> Vec<&'a PodDisruptionBudget> {
-    let empty = BTreeMap::new();
-    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
-    pdbs.iter()
-        .filter(|pdb| pdb.metadata.namespace == pod.metadata.namespace)
-        .filter(|pdb| {
-            pdb.spec
-                .as_ref()
-                .and_then(|s| s.selector.as_ref())
-                .is_some_and(|selector| matches_label_selector(selector, labels))
-        })
-        .collect()
 }
 
 fn int_or_string(value: &IntOrString) -> String {
@@ -267,6 +230,7 @@ pub fn check_node(
     for pod in sorted {
         let key = pod_key(pod);
         let disposition = classify(rules, pod);
+        // A finished pod holds no work and no budget applies to it: nothing to check.
         if matches!(disposition, PodDisposition::Skip(_)) || is_finished(pod) {
             continue;
         }
@@ -284,10 +248,7 @@ pub fn check_node(
 
         match disposition {
             PodDisposition::Blocked(reason) => {
-                if matches!(
-                    reason,
-                    BlockReason::NeedsForce | BlockReason::NeedsForceAndDeleteEmptyDir
-                ) {
+                if reason.needs_force() {
                     finding(
                         Severity::Block,
                         "NeedsForce",
@@ -296,10 +257,7 @@ pub fn check_node(
                             .to_string(),
                     );
                 }
-                if matches!(
-                    reason,
-                    BlockReason::NeedsDeleteEmptyDir | BlockReason::NeedsForceAndDeleteEmptyDir
-                ) {
+                if reason.needs_delete_empty_dir() {
                     finding(
                         Severity::Block,
                         "NeedsDeleteEmptyDir",
@@ -309,15 +267,17 @@ pub fn check_node(
                     );
                 }
             }
+            // Evicted thanks to the flags given: say what they cost.
             _ => {
-                if controller.is_none() {
+                let flags = required_flags(pod);
+                if flags.is_some_and(|f| f.needs_force()) {
                     finding(
                         Severity::Warn,
                         "NoController",
                         "no controller would recreate it: --force deletes it for good".to_string(),
                     );
                 }
-                if has_empty_dir(pod) {
+                if flags.is_some_and(|f| f.needs_delete_empty_dir()) {
                     finding(
                         Severity::Warn,
                         "EmptyDirDataLoss",
@@ -487,23 +447,6 @@ fn render(reports: &[NodeReport]) -> String {
         count("ok"),
     ));
     out
-}
-
-/// Lists every object in pages, so that a big cluster is not one response.
-async fn list_all<K>(api: &Api<K>, params: ListParams) -> Result<Vec<K>, kube::Error>
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let mut objects = Vec::new();
-    let mut params = params.limit(LIST_PAGE_SIZE);
-    loop {
-        let page = api.list(&params).await?;
-        objects.extend(page.items);
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(objects),
-        }
-    }
 }
 
 /// The names of the nodes to check: the ones named, those of the selector, or all.

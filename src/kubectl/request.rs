@@ -6,7 +6,7 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
-use maintenance_actors::label_selector::ParsedSelector;
+use maintenance_core::label_selector::ParsedSelector;
 use maintenance_crds::{DrainSpec, NodeMaintenance, NodeMaintenanceSpec, WaitForPodCompletionSpec};
 
 use super::names::{check_prefix, default_prefix, request_name};

@@ -1,6 +1,7 @@
 //! The testbed's API-server audit log (`DIR/logs/audit.log`, policy in
-//! `tests/testbed/audit-policy.yaml`): eviction calls, pod deletions and PodDisruptionBudget
-//! status writes as the API server saw them, with its own timestamps. Tests count and time calls
+//! `tests/testbed/audit-policy.yaml`): eviction calls, pod deletions, PodDisruptionBudget
+//! status writes, and every write of an operator running as a ServiceAccount of the operator's
+//! namespace, as the API server saw them, with its own timestamps. Tests count and time calls
 //! here rather than trusting the operator's word (its logs or metrics).
 //!
 //! The API server writes an event before it answers (blocking mode), so once a client has its
@@ -71,12 +72,51 @@ pub struct PdbStatusWrite {
     pub disrupted_pods: Vec<String>,
 }
 
+/// One call that creates, changes or deletes something, whoever made it.
+#[derive(Clone, Debug)]
+pub struct WriteCall {
+    pub received: Timestamp,
+    /// `create`, `update`, `patch`, `delete` or `deletecollection`.
+    pub verb: String,
+    /// The resource's plural, e.g. `leases`, `nodemaintenances`.
+    pub resource: String,
+    /// E.g. `status` or `eviction`; empty for the object itself.
+    pub subresource: String,
+    /// Empty for cluster-scoped objects.
+    pub namespace: String,
+    pub name: String,
+    pub code: u16,
+    pub user: String,
+    pub user_agent: String,
+}
+
+impl WriteCall {
+    /// `verb resource[/subresource] namespace/name -> code`, for failure messages.
+    pub fn describe(&self) -> String {
+        let resource = if self.subresource.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}/{}", self.resource, self.subresource)
+        };
+        format!(
+            "{} {} {} {}/{} -> {}",
+            self.received, self.verb, resource, self.namespace, self.name, self.code
+        )
+    }
+}
+
+/// Verbs that change the cluster.
+const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
 /// What the audit log holds, each list in the order the API server received the calls.
 #[derive(Clone, Debug, Default)]
 pub struct AuditLog {
     pub evictions: Vec<EvictionCall>,
     pub pod_deletions: Vec<PodDeletion>,
     pub pdb_status_writes: Vec<PdbStatusWrite>,
+    /// Every write the policy logs: the calls of the lists above, and each write of an operator
+    /// that runs as a ServiceAccount of its namespace (see [`super::operator::OPERATOR_NAMESPACE`]).
+    pub writes: Vec<WriteCall>,
 }
 
 #[derive(Deserialize)]
@@ -191,6 +231,7 @@ impl AuditLog {
         log.evictions.sort_by_key(|e| e.received);
         log.pod_deletions.sort_by_key(|e| e.received);
         log.pdb_status_writes.sort_by_key(|e| e.received);
+        log.writes.sort_by_key(|e| e.received);
         Ok(log)
     }
 
@@ -204,6 +245,19 @@ impl AuditLog {
         let received = parse_time(&event.request_received_timestamp)?;
         let completed = parse_time(&event.stage_timestamp)?;
         let code = event.response_status.map_or(0, |s| s.code);
+        if WRITE_VERBS.contains(&event.verb.as_str()) {
+            self.writes.push(WriteCall {
+                received,
+                verb: event.verb.clone(),
+                resource: object.resource.clone(),
+                subresource: object.subresource.clone(),
+                namespace: object.namespace.clone(),
+                name: object.name.clone(),
+                code,
+                user: event.user.username.clone(),
+                user_agent: event.user_agent.clone(),
+            });
+        }
         match (
             object.resource.as_str(),
             object.subresource.as_str(),
@@ -273,7 +327,18 @@ impl AuditLog {
                 .filter(|e| e.namespace == ns)
                 .cloned()
                 .collect(),
+            writes: self
+                .writes
+                .iter()
+                .filter(|e| e.namespace == ns)
+                .cloned()
+                .collect(),
         }
+    }
+
+    /// The writes `user` made (a ServiceAccount is `system:serviceaccount:<namespace>:<name>`).
+    pub fn writes_by(&self, user: &str) -> Vec<&WriteCall> {
+        self.writes.iter().filter(|w| w.user == user).collect()
     }
 
     /// The eviction calls for one pod.

@@ -5,8 +5,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use maintenance_crds::{
     DrainSpec, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance,
@@ -39,6 +42,25 @@ impl Operator {
         Operator::start_with_kubeconfig(testbed.kubeconfig_path(), testbed.dir(), extra).await
     }
 
+    /// Starts the operator (as [`Operator::start`]) with the credentials of a ServiceAccount of
+    /// its own, `service_account` in [`OPERATOR_NAMESPACE`], bound to `cluster-admin`. The API
+    /// server then knows this process by [`service_account_user`], so the audit log tells its
+    /// calls apart from every other process's (the testbed's policy logs all their writes).
+    pub async fn start_as(
+        testbed: &Testbed,
+        service_account: &str,
+        extra: &[&str],
+    ) -> Result<Operator> {
+        let client = testbed.client().await?;
+        create_cluster_admin_service_account(&client, OPERATOR_NAMESPACE, service_account).await?;
+        let kubeconfig = testbed
+            .dir()
+            .join(format!("operator-{service_account}.kubeconfig"));
+        service_account_kubeconfig(testbed, OPERATOR_NAMESPACE, service_account, &kubeconfig)
+            .await?;
+        Operator::start_with_kubeconfig(&kubeconfig, testbed.dir(), extra).await
+    }
+
     pub async fn start_with_kubeconfig(
         kubeconfig: &Path,
         log_dir: &Path,
@@ -64,7 +86,10 @@ impl Operator {
             .append(true)
             .open(&self.log)
             .with_context(|| format!("opening {}", self.log.display()))?;
-        let child = Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
+        // `MAINTENANCE_OPERATOR_BIN` runs another build (e.g. an older commit) against the tests.
+        let binary = std::env::var_os("MAINTENANCE_OPERATOR_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_maintenance-operator").into());
+        let child = Command::new(binary)
             .arg("run")
             .arg("--namespace")
             .arg(OPERATOR_NAMESPACE)
@@ -198,6 +223,117 @@ pub async fn http_get(url: &str) -> Result<(u16, String)> {
         .and_then(|c| c.parse().ok())
         .context("malformed HTTP answer")?;
     Ok((code, body.to_string()))
+}
+
+/// The user name the API server gives ServiceAccount `name` of [`OPERATOR_NAMESPACE`] (as the
+/// audit log shows it).
+pub fn service_account_user(name: &str) -> String {
+    format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{name}")
+}
+
+/// ServiceAccount `namespace/name`, allowed everything through a ClusterRoleBinding to
+/// `cluster-admin`; both are left as they are when they exist already.
+pub async fn create_cluster_admin_service_account(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<()> {
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    let binding_name = format!("{namespace}-{name}-cluster-admin");
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(binding_name.clone()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(namespace.into()),
+            ..Subject::default()
+        }]),
+    };
+    let already_there = |err: &kube::Error| super::api_error(err).is_some_and(|(c, _)| c == 409);
+    match Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &account)
+        .await
+    {
+        Err(err) if !already_there(&err) => {
+            return Err(err).with_context(|| {
+                format!(
+                    "creating ServiceAccount {namespace}/{name} (does namespace {namespace} \
+                     exist? `install` creates it)"
+                )
+            });
+        }
+        _ => {}
+    }
+    match Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+    {
+        Err(err) if !already_there(&err) => {
+            Err(err).with_context(|| format!("creating ClusterRoleBinding {binding_name}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Writes to `path` a kubeconfig for the testbed whose only credential is a token of
+/// ServiceAccount `namespace/name` (valid for an hour, longer than any test).
+pub async fn service_account_kubeconfig(
+    testbed: &Testbed,
+    namespace: &str,
+    name: &str,
+    path: &Path,
+) -> Result<()> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(testbed.client().await?, namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token for ServiceAccount {namespace}/{name}"))?
+        .status
+        .context("TokenRequest without status")?
+        .token;
+    let admin = Kubeconfig::read_from(testbed.kubeconfig_path())
+        .with_context(|| format!("reading {}", testbed.kubeconfig_path().display()))?;
+    let cluster = admin
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.clone())
+        .context("the testbed kubeconfig names no cluster")?;
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "testbed", "cluster": {
+            "server": cluster.server,
+            "certificate-authority-data": cluster.certificate_authority_data,
+        }}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": "testbed", "user": name}}],
+        "current-context": name,
+    });
+    std::fs::write(path, serde_norway::to_string(&config)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 /// CRDs, the operator namespace and (when given) the `default` config: what the chart installs.

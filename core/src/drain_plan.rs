@@ -25,11 +25,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use maintenance_crds::{BlockedPod, DrainSpec, WaitForPodCompletionSpec};
 use regex::Regex;
 use thiserror::Error;
 
-use crate::label_selector::{ParsedSelector, SelectorParseError};
+use crate::label_selector::{ParsedSelector, SelectorParseError, matches_label_selector};
 
 /// Annotation the kubelet puts on the API mirror of a static pod.
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -176,6 +178,32 @@ pub enum BlockReason {
 }
 
 impl BlockReason {
+    /// The reason for a pod that needs these flags, `None` when it needs neither.
+    fn from_needs(needs_force: bool, needs_delete_empty_dir: bool) -> Option<Self> {
+        match (needs_force, needs_delete_empty_dir) {
+            (false, false) => None,
+            (true, false) => Some(BlockReason::NeedsForce),
+            (false, true) => Some(BlockReason::NeedsDeleteEmptyDir),
+            (true, true) => Some(BlockReason::NeedsForceAndDeleteEmptyDir),
+        }
+    }
+
+    /// Whether `force` is (one of) the flag(s) that would let the pod go.
+    pub fn needs_force(&self) -> bool {
+        matches!(
+            self,
+            BlockReason::NeedsForce | BlockReason::NeedsForceAndDeleteEmptyDir
+        )
+    }
+
+    /// Whether `deleteEmptyDir` is (one of) the flag(s) that would let the pod go.
+    pub fn needs_delete_empty_dir(&self) -> bool {
+        matches!(
+            self,
+            BlockReason::NeedsDeleteEmptyDir | BlockReason::NeedsForceAndDeleteEmptyDir
+        )
+    }
+
     /// The `reason` of the pod's entry in `status.drain.blocked`.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -310,7 +338,9 @@ fn is_terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
 
-fn is_finished(pod: &Pod) -> bool {
+/// A pod in phase Succeeded or Failed: it holds no work, and the API server lets it go whatever
+/// its PodDisruptionBudgets say.
+pub fn is_finished(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
@@ -324,13 +354,18 @@ fn is_mirror(pod: &Pod) -> bool {
         .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION))
 }
 
-fn controller_kind(pod: &Pod) -> Option<&str> {
+/// The owner reference of the pod's controller (the one marked `controller: true`), the object
+/// that would recreate the pod after an eviction.
+pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
     pod.metadata
         .owner_references
         .iter()
         .flatten()
         .find(|o| o.controller == Some(true))
-        .map(|o| o.kind.as_str())
+}
+
+fn controller_kind(pod: &Pod) -> Option<&str> {
+    controller_ref(pod).map(|o| o.kind.as_str())
 }
 
 fn has_empty_dir(pod: &Pod) -> bool {
@@ -338,6 +373,44 @@ fn has_empty_dir(pod: &Pod) -> bool {
         .iter()
         .flat_map(|s| s.volumes.iter().flatten())
         .any(|v| v.empty_dir.is_some())
+}
+
+/// The flags evicting `pod` depends on, whatever the spec sets: `force` for a pod without a
+/// controller, `deleteEmptyDir` for a pod with an emptyDir volume. With the flags set the pod is
+/// evicted all the same, at that price (gone for good, data lost), which is what a check before
+/// a drain warns about.
+pub fn required_flags(pod: &Pod) -> Option<BlockReason> {
+    BlockReason::from_needs(controller_ref(pod).is_none(), has_empty_dir(pod))
+}
+
+/// Whether `pdb` guards a pod of this namespace with these labels, as the Eviction API decides
+/// it: a budget of the same namespace whose selector matches. A budget without selector guards
+/// nothing; an empty selector guards every pod of its namespace (policy/v1).
+pub fn pdb_selects(
+    pdb: &PodDisruptionBudget,
+    pod_namespace: &str,
+    pod_labels: &BTreeMap<String, String>,
+) -> bool {
+    pdb.metadata.namespace.as_deref().unwrap_or_default() == pod_namespace
+        && pdb
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .is_some_and(|selector| matches_label_selector(selector, pod_labels))
+}
+
+/// The budgets among `pdbs` that guard `pod`, in the order given. More than one makes the
+/// Eviction API refuse the pod (500) until only one is left.
+pub fn covering_pdbs<'a>(
+    pod: &Pod,
+    pdbs: &'a [PodDisruptionBudget],
+) -> Vec<&'a PodDisruptionBudget> {
+    let no_labels = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&no_labels);
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    pdbs.iter()
+        .filter(|pdb| pdb_selects(pdb, namespace, labels))
+        .collect()
 }
 
 /// Decides what the drain does with `pod`. The first matching rule wins, in this order: terminating,
@@ -371,11 +444,9 @@ pub fn classify(rules: &DrainRules, pod: &Pod) -> PodDisposition {
     }
     let needs_force = controller.is_none() && !rules.force;
     let needs_empty_dir = !rules.delete_empty_dir && has_empty_dir(pod);
-    match (needs_force, needs_empty_dir) {
-        (false, false) => PodDisposition::Evict,
-        (true, false) => PodDisposition::Blocked(BlockReason::NeedsForce),
-        (false, true) => PodDisposition::Blocked(BlockReason::NeedsDeleteEmptyDir),
-        (true, true) => PodDisposition::Blocked(BlockReason::NeedsForceAndDeleteEmptyDir),
+    match BlockReason::from_needs(needs_force, needs_empty_dir) {
+        None => PodDisposition::Evict,
+        Some(reason) => PodDisposition::Blocked(reason),
     }
 }
 
@@ -464,74 +535,13 @@ pub fn pods_to_wait_for(rules: &CompletionRules, pods: &[Pod]) -> Vec<PodRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{
-        EmptyDirVolumeSource, PodSpec, PodStatus, ResourceRequirements, Volume,
-    };
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, ResourceRequirements, Volume};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
     use maintenance_crds::PodEvictionFilterEntry;
 
+    use crate::fixtures::{bare, owned_by, pod, terminating, with_label, with_phase};
+
     // ---- fixtures ----
-
-    /// A running pod owned by a ReplicaSet: the ordinary case, evicted with default flags.
-    fn pod(ns: &str, name: &str) -> Pod {
-        owned_by(bare(ns, name), "ReplicaSet")
-    }
-
-    fn bare(ns: &str, name: &str) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                namespace: Some(ns.into()),
-                name: Some(name.into()),
-                uid: Some(format!("uid-{ns}-{name}")),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                containers: vec![Container {
-                    name: "main".into(),
-                    ..Container::default()
-                }],
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                ..PodStatus::default()
-            }),
-        }
-    }
-
-    fn owned_by(mut p: Pod, kind: &str) -> Pod {
-        p.metadata.owner_references = Some(vec![OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: kind.into(),
-            name: "owner".into(),
-            uid: "owner-uid".into(),
-            controller: Some(true),
-            ..OwnerReference::default()
-        }]);
-        p
-    }
-
-    fn with_label(mut p: Pod, k: &str, v: &str) -> Pod {
-        p.metadata
-            .labels
-            .get_or_insert_with(BTreeMap::new)
-            .insert(k.into(), v.into());
-        p
-    }
-
-    fn with_phase(mut p: Pod, phase: &str) -> Pod {
-        p.status = Some(PodStatus {
-            phase: Some(phase.into()),
-            ..PodStatus::default()
-        });
-        p
-    }
-
-    fn terminating(mut p: Pod) -> Pod {
-        p.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
-        p
-    }
 
     fn mirror(mut p: Pod) -> Pod {
         p.metadata
@@ -1202,5 +1212,158 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("\"app=x,\""), "{e}");
+    }
+}
+
+/// The helpers the `kubectl maintenance preflight` check shares with the drain.
+#[cfg(test)]
+mod shared_rule_tests {
+    use super::*;
+    use crate::fixtures::{bare, owned_by, pod, with_label, with_phase};
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+    fn with_scratch_volume(mut p: Pod) -> Pod {
+        if let Some(spec) = p.spec.as_mut() {
+            spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+                name: "scratch".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            });
+        }
+        p
+    }
+
+    fn budget(ns: &str, name: &str, selector: Option<&[(&str, &str)]>) -> PodDisruptionBudget {
+        PodDisruptionBudget {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: selector.map(|pairs| LabelSelector {
+                    match_labels: Some(
+                        pairs
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                    ),
+                    ..LabelSelector::default()
+                }),
+                ..PodDisruptionBudgetSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn required_flags_name_what_evicting_the_pod_costs() {
+        assert_eq!(required_flags(&pod("ns", "web")), None);
+        assert_eq!(
+            required_flags(&bare("ns", "bare")),
+            Some(BlockReason::NeedsForce)
+        );
+        assert_eq!(
+            required_flags(&with_scratch_volume(pod("ns", "cache"))),
+            Some(BlockReason::NeedsDeleteEmptyDir)
+        );
+        assert_eq!(
+            required_flags(&with_scratch_volume(bare("ns", "both"))),
+            Some(BlockReason::NeedsForceAndDeleteEmptyDir)
+        );
+        // The flags do not change what it costs: a forced bare pod is still gone for good.
+        let lenient = DrainRules::new(
+            &DrainSpec {
+                force: Some(true),
+                delete_empty_dir: Some(true),
+                ..DrainSpec::default()
+            },
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let both = with_scratch_volume(bare("ns", "both"));
+        assert_eq!(classify(&lenient, &both), PodDisposition::Evict);
+        assert_eq!(
+            required_flags(&both),
+            Some(BlockReason::NeedsForceAndDeleteEmptyDir)
+        );
+    }
+
+    #[test]
+    fn required_flags_agree_with_classify_without_flags() {
+        let strict = DrainRules::new(&DrainSpec::default(), None).unwrap_or_else(|e| panic!("{e}"));
+        for p in [
+            pod("ns", "a"),
+            bare("ns", "b"),
+            with_scratch_volume(pod("ns", "c")),
+            with_scratch_volume(bare("ns", "d")),
+        ] {
+            let expected = match required_flags(&p) {
+                None => PodDisposition::Evict,
+                Some(reason) => PodDisposition::Blocked(reason),
+            };
+            assert_eq!(classify(&strict, &p), expected, "{:?}", p.metadata.name);
+        }
+    }
+
+    #[test]
+    fn block_reasons_name_their_flags() {
+        assert!(BlockReason::NeedsForce.needs_force());
+        assert!(!BlockReason::NeedsForce.needs_delete_empty_dir());
+        assert!(!BlockReason::NeedsDeleteEmptyDir.needs_force());
+        assert!(BlockReason::NeedsDeleteEmptyDir.needs_delete_empty_dir());
+        assert!(BlockReason::NeedsForceAndDeleteEmptyDir.needs_force());
+        assert!(BlockReason::NeedsForceAndDeleteEmptyDir.needs_delete_empty_dir());
+    }
+
+    #[test]
+    fn finished_means_succeeded_or_failed() {
+        assert!(is_finished(&with_phase(pod("ns", "a"), "Succeeded")));
+        assert!(is_finished(&with_phase(pod("ns", "b"), "Failed")));
+        assert!(!is_finished(&pod("ns", "c")));
+        assert!(!is_finished(&with_phase(pod("ns", "d"), "Pending")));
+    }
+
+    #[test]
+    fn controller_ref_is_the_controlling_owner_only() {
+        let owned = owned_by(bare("ns", "a"), "StatefulSet");
+        assert_eq!(
+            controller_ref(&owned).map(|o| o.kind.as_str()),
+            Some("StatefulSet")
+        );
+        let mut merely_owned = owned;
+        if let Some(refs) = merely_owned.metadata.owner_references.as_mut() {
+            refs[0].controller = None;
+        }
+        assert!(controller_ref(&merely_owned).is_none());
+        assert!(controller_ref(&bare("ns", "b")).is_none());
+    }
+
+    #[test]
+    fn a_budget_covers_matching_pods_of_its_namespace_only() {
+        let web = with_label(pod("shop", "web-1"), "app", "web");
+        let budgets = [
+            budget("shop", "web", Some(&[("app", "web")])),
+            budget("shop", "db", Some(&[("app", "db")])),
+            budget("other", "web", Some(&[("app", "web")])),
+            // No selector: guards nothing.
+            budget("shop", "unset", None),
+            // Empty selector: guards every pod of its namespace.
+            budget("shop", "all", Some(&[])),
+        ];
+        let names: Vec<String> = covering_pdbs(&web, &budgets)
+            .iter()
+            .map(|b| {
+                format!(
+                    "{}/{}",
+                    b.metadata.namespace.as_deref().unwrap_or_default(),
+                    b.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
+            .collect();
+        assert_eq!(names, ["shop/web", "shop/all"]);
+        assert!(covering_pdbs(&bare("elsewhere", "x"), &budgets).is_empty());
     }
 }

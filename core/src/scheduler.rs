@@ -201,10 +201,21 @@ pub fn schedule(snapshot: &Snapshot, limits: &Limits) -> Result<Decision, Schedu
         .transpose()
         .map_err(ScheduleError::InvalidLimit)?;
 
-    // Node -> the request holding it (the smallest key, so that reasons are stable). A request past
-    // Pending holds its node until cleanup finishes, even if the Node object is already gone.
+    let existing_nodes: HashMap<&str, &NodeState> = snapshot
+        .nodes
+        .iter()
+        .map(|node| (node.name.as_str(), node))
+        .collect();
+    // Node -> the request holding it (the smallest key, so that reasons are stable). A request
+    // whose Node is gone holds nothing: there is no node left to keep unavailable, and its node
+    // actor only releases it (design guide, section 4; NVIDIA's preSchedule in
+    // internal/controller/nodemaintenancescheduler_controller.go counts only existing nodes).
     let mut in_maintenance: BTreeMap<&str, &RequestState> = BTreeMap::new();
-    for request in snapshot.requests.iter().filter(|r| !r.is_pending()) {
+    for request in snapshot
+        .requests
+        .iter()
+        .filter(|r| !r.is_pending() && existing_nodes.contains_key(r.node_name.as_str()))
+    {
         in_maintenance
             .entry(request.node_name.as_str())
             .and_modify(|holder| {
@@ -214,11 +225,6 @@ pub fn schedule(snapshot: &Snapshot, limits: &Limits) -> Result<Decision, Schedu
             })
             .or_insert(request);
     }
-    let existing_nodes: HashMap<&str, &NodeState> = snapshot
-        .nodes
-        .iter()
-        .map(|node| (node.name.as_str(), node))
-        .collect();
     // A set, so that a cordoned node under maintenance counts once.
     let unavailable_nodes: BTreeSet<&str> = in_maintenance
         .keys()
@@ -648,6 +654,175 @@ mod tests {
     }
 
     #[test]
+    fn requests_whose_node_is_gone_take_no_slot_and_make_nothing_unavailable() {
+        struct Case {
+            name: &'static str,
+            node_count: usize,
+            unavailable: &'static [usize],
+            requests: Vec<RequestState>,
+            limits: Limits,
+            available_slots: u32,
+            can_become_unavailable: Option<u32>,
+            scheduled: &'static [&'static str],
+        }
+        // Node indexes 7 and 8 are never among the nodes below: their requests point at nothing.
+        let cases = [
+            Case {
+                name: "a request in progress on a gone node frees its slot",
+                node_count: 3,
+                unavailable: &[],
+                requests: vec![
+                    request("orphan", 7, "a", Phase::Draining),
+                    pending("next", 0),
+                ],
+                limits: limits(int(1), None),
+                available_slots: 1,
+                can_become_unavailable: None,
+                scheduled: &["next"],
+            },
+            Case {
+                name: "a request in progress on a gone node is not unavailable",
+                node_count: 3,
+                unavailable: &[],
+                requests: vec![request("orphan", 7, "a", Phase::Ready), pending("next", 0)],
+                limits: limits(int(5), Some(int(1))),
+                available_slots: 5,
+                can_become_unavailable: Some(1),
+                scheduled: &["next"],
+            },
+            Case {
+                name: "several gone nodes count for nothing",
+                node_count: 4,
+                unavailable: &[],
+                requests: vec![
+                    request("orphan-1", 7, "a", Phase::Cordon),
+                    request("orphan-2", 8, "a", Phase::RequestorFailed),
+                    pending("first", 0),
+                    pending("second", 1),
+                ],
+                limits: limits(int(2), Some(int(2))),
+                available_slots: 2,
+                can_become_unavailable: Some(2),
+                scheduled: &["first", "second"],
+            },
+            Case {
+                name: "a request on an existing node still counts beside one on a gone node",
+                node_count: 3,
+                unavailable: &[],
+                requests: vec![
+                    request("orphan", 7, "a", Phase::Draining),
+                    request("holder", 1, "a", Phase::Draining),
+                    pending("next", 0),
+                ],
+                limits: limits(int(1), Some(int(1))),
+                available_slots: 0,
+                can_become_unavailable: Some(0),
+                scheduled: &[],
+            },
+            Case {
+                name: "percentages resolve against existing nodes only",
+                node_count: 10,
+                unavailable: &[],
+                requests: vec![
+                    request("orphan", 17, "a", Phase::Draining),
+                    pending("next", 0),
+                ],
+                limits: limits(percent("10%"), Some(percent("10%"))),
+                available_slots: 1,
+                can_become_unavailable: Some(1),
+                scheduled: &["next"],
+            },
+        ];
+        for case in cases {
+            let decision = run(
+                nodes(case.node_count, case.unavailable),
+                case.requests,
+                &case.limits,
+            );
+            assert_eq!(
+                decision.available_slots, case.available_slots,
+                "{}",
+                case.name
+            );
+            assert_eq!(
+                decision.can_become_unavailable, case.can_become_unavailable,
+                "{}",
+                case.name
+            );
+            assert_eq!(decision.scheduled, keys(case.scheduled), "{}", case.name);
+        }
+    }
+
+    #[test]
+    fn a_pending_request_behind_one_on_a_gone_node_says_the_node_is_gone() {
+        let requests = vec![
+            request("orphan", 7, "a", Phase::Draining),
+            pending("behind", 7),
+        ];
+        let decision = run(nodes(3, &[]), requests, &limits(int(5), None));
+        assert_eq!(reason_of(&decision, "behind"), "node node-07 not found");
+    }
+
+    #[test]
+    fn a_request_with_an_unknown_ready_reason_takes_a_slot() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        use maintenance_crds::{NodeMaintenanceSpec, NodeMaintenanceStatus};
+        let object = |name: &str, node: &str, reason: Option<&str>| NodeMaintenance {
+            metadata: ObjectMeta {
+                namespace: Some(NAMESPACE.to_string()),
+                name: Some(name.to_string()),
+                creation_timestamp: Some(Time(at(0))),
+                ..ObjectMeta::default()
+            },
+            spec: NodeMaintenanceSpec {
+                requestor_id: "fw.example.com".to_string(),
+                node_name: node.to_string(),
+                ..NodeMaintenanceSpec::default()
+            },
+            status: reason.map(|reason| NodeMaintenanceStatus {
+                conditions: vec![Condition {
+                    type_: "Ready".to_string(),
+                    status: "False".to_string(),
+                    reason: reason.to_string(),
+                    message: String::new(),
+                    last_transition_time: Time(at(0)),
+                    observed_generation: None,
+                }],
+                ..NodeMaintenanceStatus::default()
+            }),
+        };
+        let from_a_newer_operator = object("unknown", &node_name(0), Some("Rebooting"));
+        let next = object("next", &node_name(1), Some("Pending"));
+        let node_objects: Vec<Node> = nodes(2, &[])
+            .into_iter()
+            .map(|n| Node {
+                metadata: ObjectMeta {
+                    name: Some(n.name),
+                    ..ObjectMeta::default()
+                },
+                spec: None,
+                status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                    conditions: Some(vec![NodeCondition {
+                        type_: "Ready".to_string(),
+                        status: "True".to_string(),
+                        ..NodeCondition::default()
+                    }]),
+                    ..k8s_openapi::api::core::v1::NodeStatus::default()
+                }),
+            })
+            .collect();
+        let snapshot = Snapshot::from_objects(&node_objects, [&from_a_newer_operator, &next]);
+        let decision = schedule(&snapshot, &limits(int(1), Some(int(1)))).unwrap();
+        assert_eq!(decision.available_slots, 0);
+        assert_eq!(decision.can_become_unavailable, Some(0));
+        assert!(decision.scheduled.is_empty(), "{decision:#?}");
+        assert!(
+            reason_of(&decision, "next").starts_with("no free slot"),
+            "{decision:#?}"
+        );
+    }
+
+    #[test]
     fn requests_that_cannot_start_say_why() {
         let mut deleting = pending("deleting", 2);
         deleting.deleting = true;
@@ -861,10 +1036,12 @@ mod tests {
                         }
                     }
                 };
+                let existing: BTreeSet<String> =
+                    snapshot.nodes.iter().map(|n| n.name.clone()).collect();
                 let in_maintenance: BTreeSet<String> = snapshot
                     .requests
                     .iter()
-                    .filter(|r| r.phase != Phase::Pending)
+                    .filter(|r| r.phase != Phase::Pending && existing.contains(&r.node_name))
                     .map(|r| r.node_name.clone())
                     .collect();
                 let mut unavailable = in_maintenance.clone();
@@ -885,7 +1062,7 @@ mod tests {
                     can_become_unavailable,
                     in_maintenance,
                     unavailable,
-                    existing: snapshot.nodes.iter().map(|n| n.name.clone()).collect(),
+                    existing,
                 }
             }
 

@@ -1,0 +1,300 @@
+//! Which waiting requests get their "why it waits" message rewritten in this round.
+//!
+//! The scheduler says why each Pending request waits; the supervisor writes that into the
+//! request's Pending condition so `kubectl describe nm` answers "why is my request still
+//! Pending?". Reasons that move with every admission (counts in a busy cluster) would make a
+//! write per request per round, so each request is rewritten at most every [`EXPLAIN_INTERVAL`],
+//! and at most [`EXPLAIN_PER_ROUND`] per round. A change of the limits is different: a person
+//! just edited the config and looks at the requests now, so messages written under the old
+//! limits are rewritten at once (still bounded per round; the rest follow in the next rounds
+//! without waiting for the interval).
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use crate::scheduler::Limits;
+
+/// How often one request's message may be rewritten while the limits stay the same.
+pub const EXPLAIN_INTERVAL: Duration = Duration::from_secs(10);
+/// Most rewrites in one round, so a config edit in a big cluster is a burst of bounded size.
+pub const EXPLAIN_PER_ROUND: usize = 64;
+
+/// When a request's message was last written, and under which limits (see [`Explanations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Explained {
+    pub at: Timestamp,
+    pub limits_epoch: u64,
+}
+
+/// A Pending request that the scheduler left waiting, as the rewrite decision sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingRequest<'a, K> {
+    pub key: K,
+    /// Why the scheduler leaves it waiting now.
+    pub reason: &'a str,
+    /// The message its Pending condition shows now.
+    pub message: &'a str,
+    /// When we last rewrote it; `None` if never (or not since it last stopped waiting).
+    pub last: Option<Explained>,
+}
+
+/// The requests to rewrite now, in the order given (the scheduler's, so the requests next in
+/// line are explained first when the round is full). `limits_epoch` counts limit changes: a
+/// message written under an earlier epoch is stale at once.
+pub fn to_explain<K: Clone>(
+    waiting: &[WaitingRequest<'_, K>],
+    limits_epoch: u64,
+    now: Timestamp,
+) -> Vec<K> {
+    let interval =
+        jiff::SignedDuration::try_from(EXPLAIN_INTERVAL).unwrap_or(jiff::SignedDuration::MAX);
+    waiting
+        .iter()
+        .filter(|w| w.reason != w.message)
+        .filter(|w| match w.last {
+            None => true,
+            Some(last) if last.limits_epoch != limits_epoch => true,
+            // A clock that went back counts as "just now": wait rather than write twice.
+            Some(last) => now.duration_since(last.at) >= interval,
+        })
+        .take(EXPLAIN_PER_ROUND)
+        .map(|w| w.key.clone())
+        .collect()
+}
+
+/// The supervisor's memory between rounds: the limits of the last round and when each waiting
+/// request was last explained.
+#[derive(Debug, Clone, Default)]
+pub struct Explanations<K> {
+    limits: Option<Limits>,
+    limits_epoch: u64,
+    explained: HashMap<K, Explained>,
+}
+
+/// One waiting request as the supervisor observed it: its key, the scheduler's reason and the
+/// message its Pending condition shows.
+pub struct Observed<'a, K> {
+    pub key: K,
+    pub reason: &'a str,
+    pub message: &'a str,
+}
+
+impl<K: Clone + Eq + Hash> Explanations<K> {
+    /// Decides this round's rewrites and records them as written now; forgets requests that no
+    /// longer wait, so one that waits again later is explained at once.
+    pub fn round(
+        &mut self,
+        limits: &Limits,
+        waiting: &[Observed<'_, K>],
+        now: Timestamp,
+    ) -> Vec<K> {
+        if self.limits.as_ref() != Some(limits) {
+            // The first round has nothing earlier to compare with, and nothing was explained
+            // yet, so counting it as a change costs nothing.
+            self.limits_epoch += 1;
+            self.limits = Some(limits.clone());
+        }
+        let still_waiting: HashSet<&K> = waiting.iter().map(|w| &w.key).collect();
+        self.explained.retain(|key, _| still_waiting.contains(key));
+        let candidates: Vec<WaitingRequest<'_, K>> = waiting
+            .iter()
+            .map(|w| WaitingRequest {
+                key: w.key.clone(),
+                reason: w.reason,
+                message: w.message,
+                last: self.explained.get(&w.key).copied(),
+            })
+            .collect();
+        let chosen = to_explain(&candidates, self.limits_epoch, now);
+        for key in &chosen {
+            self.explained.insert(
+                key.clone(),
+                Explained {
+                    at: now,
+                    limits_epoch: self.limits_epoch,
+                },
+            );
+        }
+        chosen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+    }
+
+    fn limits(max_parallel_operations: i32) -> Limits {
+        Limits {
+            max_parallel_operations: IntOrString::Int(max_parallel_operations),
+            max_unavailable: None,
+        }
+    }
+
+    fn waiting<'a>(
+        key: &'static str,
+        reason: &'a str,
+        message: &'a str,
+        last: Option<Explained>,
+    ) -> WaitingRequest<'a, &'static str> {
+        WaitingRequest {
+            key,
+            reason,
+            message,
+            last,
+        }
+    }
+
+    fn explained(at_second: i64, limits_epoch: u64) -> Option<Explained> {
+        Some(Explained {
+            at: at(at_second),
+            limits_epoch,
+        })
+    }
+
+    #[test]
+    fn an_unchanged_message_is_never_rewritten() {
+        let list = [waiting("a", "no free slot", "no free slot", None)];
+        assert!(to_explain(&list, 0, at(100)).is_empty());
+        let list = [waiting(
+            "a",
+            "no free slot",
+            "no free slot",
+            explained(0, 0),
+        )];
+        assert!(to_explain(&list, 1, at(100)).is_empty());
+    }
+
+    #[test]
+    fn a_request_never_explained_is_rewritten_at_once() {
+        let list = [waiting("a", "no free slot", "waiting for admission", None)];
+        assert_eq!(to_explain(&list, 0, at(0)), ["a"]);
+    }
+
+    #[test]
+    fn same_limits_throttle_each_request_to_the_interval() {
+        let list = [
+            waiting("recent", "new", "old", explained(95, 3)),
+            waiting("due", "new", "old", explained(90, 3)),
+        ];
+        assert_eq!(to_explain(&list, 3, at(100)), ["due"]);
+    }
+
+    #[test]
+    fn changed_limits_rewrite_at_once_even_though_explained_1s_ago() {
+        let list = [waiting(
+            "a",
+            "maxParallelOperations=3",
+            "maxParallelOperations=2",
+            explained(99, 0),
+        )];
+        assert!(
+            to_explain(&list, 0, at(100)).is_empty(),
+            "same limits: throttled"
+        );
+        assert_eq!(to_explain(&list, 1, at(100)), ["a"]);
+    }
+
+    #[test]
+    fn at_most_a_round_full_in_the_given_order() {
+        let names: Vec<String> = (0..EXPLAIN_PER_ROUND + 5)
+            .map(|i| format!("r{i:03}"))
+            .collect();
+        let list: Vec<WaitingRequest<'_, &str>> = names
+            .iter()
+            .map(|name| WaitingRequest {
+                key: name.as_str(),
+                reason: "new",
+                message: "old",
+                last: explained(99, 0),
+            })
+            .collect();
+        let chosen = to_explain(&list, 1, at(100));
+        let expected: Vec<&str> = names[..EXPLAIN_PER_ROUND]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(chosen, expected);
+    }
+
+    #[test]
+    fn after_a_limit_change_the_rest_follow_next_round_without_waiting_for_the_interval() {
+        let mut memory: Explanations<String> = Explanations::default();
+        let names: Vec<String> = (0..EXPLAIN_PER_ROUND + 6)
+            .map(|i| format!("r{i:03}"))
+            .collect();
+        let observe = |names: &[String],
+                       reason: &'static str,
+                       message: &'static str|
+         -> Vec<(String, &'static str, &'static str)> {
+            names.iter().map(|n| (n.clone(), reason, message)).collect()
+        };
+        let run = |memory: &mut Explanations<String>,
+                   limits: &Limits,
+                   list: &[(String, &str, &str)],
+                   now| {
+            let observed: Vec<Observed<'_, String>> = list
+                .iter()
+                .map(|(key, reason, message)| Observed {
+                    key: key.clone(),
+                    reason,
+                    message,
+                })
+                .collect();
+            memory.round(limits, &observed, now)
+        };
+
+        // Everyone explained under maxParallelOperations=2 (two rounds: the round is bounded).
+        let first = observe(&names, "max=2", "waiting for admission");
+        assert_eq!(
+            run(&mut memory, &limits(2), &first, at(0)).len(),
+            EXPLAIN_PER_ROUND
+        );
+        assert_eq!(run(&mut memory, &limits(2), &first, at(1)).len(), 6);
+
+        // The config is edited 1 s later: every message is stale, a round full goes at once...
+        let edited = observe(&names, "max=3", "max=2");
+        assert_eq!(
+            run(&mut memory, &limits(3), &edited, at(2)).len(),
+            EXPLAIN_PER_ROUND
+        );
+        // ...and the rest in the very next round, 1 s later, although the limits did not change
+        // again and all of them were explained 1 s ago.
+        let next = run(&mut memory, &limits(3), &edited, at(3));
+        assert_eq!(next, names[EXPLAIN_PER_ROUND..].to_vec());
+        // Then the interval applies again.
+        assert!(
+            run(
+                &mut memory,
+                &limits(3),
+                &observe(&names, "max=3 again", "max=3"),
+                at(4)
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_request_that_stops_waiting_is_forgotten() {
+        let mut memory: Explanations<&str> = Explanations::default();
+        let observed = |reason| {
+            [Observed {
+                key: "a",
+                reason,
+                message: "old",
+            }]
+        };
+        assert_eq!(memory.round(&limits(1), &observed("x"), at(0)), ["a"]);
+        // Not waiting in this round (admitted, or deleted).
+        assert!(memory.round(&limits(1), &[], at(1)).is_empty());
+        // Waiting again: explained at once, not 10 s after the first time.
+        assert_eq!(memory.round(&limits(1), &observed("y"), at(2)), ["a"]);
+    }
+}

@@ -1,0 +1,15 @@
+//! Every decision of the maintenance operator as a pure function over what was observed: the
+//! scheduler, drain planning, label selectors, condition editing and the node lifecycle step.
+//! No I/O, no clocks (time is an argument), no async runtime: the actors gather observations,
+//! call these functions and execute what they return.
+
+pub mod conditions;
+pub mod drain_plan;
+pub mod eviction;
+pub mod explain;
+#[cfg(test)]
+mod fixtures;
+pub mod label_selector;
+pub mod lifecycle;
+pub mod ownership;
+pub mod scheduler;

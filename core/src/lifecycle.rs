@@ -1,0 +1,1171 @@
+//! The node lifecycle as one pure step: from a request, what the node actor observed (the node,
+//! the pods on it, the PDBs that block them), the time, and the actor's eviction ledger, to the
+//! [`Step`] the actor executes: API actions in order, and when to run again.
+//!
+//! Every rule about phases, deletion, timeouts and failures lives here, so each edge is a table
+//! test, not an e2e run. The actor (`actors/src/node_actor.rs`) only gathers observations and
+//! executes steps. State that must survive a restart is on the object (the `Ready` condition's
+//! reason is the phase, its `lastTransitionTime` the phase start, the initial-state annotation,
+//! the finalizer); the ledger only remembers what costs at most one extra call to lose.
+//!
+//! Behaviour shared with NVIDIA's controller is cited from
+//! `internal/controller/nodemaintenance_controller.go` in github.com/Mellanox/maintenance-operator.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+use maintenance_crds::{
+    BlockedPod, DrainSpec, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION,
+    NodeMaintenance, NodeMaintenanceStatus, Phase, condition_type,
+};
+
+use crate::conditions;
+use crate::drain_plan::{self, CompletionRules, DrainRules, OperatorIdentity, PodRef, SkipReason};
+use crate::eviction::EvictionOutcome;
+
+/// Drain progress is written at most this often, so a thousand evictions are not a thousand writes.
+pub const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+/// Retry cadence for a blocked eviction once the drain has timed out: slow, but it recovers.
+pub const SLOW_RETRY: Duration = Duration::from_secs(30);
+/// While draining, the step runs at least this often (progress metrics, timeout).
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Bounds of the per-pod eviction backoff.
+pub const EVICTION_MIN_BACKOFF: Duration = Duration::from_millis(500);
+pub const EVICTION_MAX_BACKOFF: Duration = Duration::from_secs(15);
+/// Deadlines are woken a little late, so the step that runs sees them passed.
+const TIMER_SLACK: Duration = Duration::from_millis(100);
+
+/// The Node as the actor saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeView {
+    /// The Node object does not exist (confirmed by the API server, not only the cache).
+    Missing,
+    Present {
+        unschedulable: bool,
+    },
+}
+
+/// What the node actor observed, for one step.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    pub node: NodeView,
+    /// The pods bound to the node; `None` until the pod watch has listed them once.
+    pub pods: Option<&'a [Pod]>,
+    /// The last known state of PDBs named in the ledger, `namespace/name` -> a summary such as
+    /// `currentHealthy 9, desiredHealthy 9, disruptionsAllowed 0, expectedPods 10`.
+    pub pdb_summaries: &'a BTreeMap<String, String>,
+    /// The operator's own pods, never evicted.
+    pub operator: &'a OperatorIdentity,
+}
+
+/// What the actor does, in order. A failed action ends the step; the next step recomputes from
+/// the object, so every action is idempotent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Record whether the node was unschedulable before we touched it (the annotation that
+    /// decides whether cleanup uncordons).
+    RecordInitialState {
+        unschedulable: bool,
+    },
+    Cordon,
+    Uncordon,
+    /// Start these eviction calls (each answer comes back through [`Ledger::record`]).
+    Evict(Vec<EvictionOrder>),
+    WriteStatus(StatusWrite),
+    Event(Event),
+    /// Let the request go: the last thing a finished maintenance does.
+    RemoveFinalizer {
+        phase: Phase,
+        in_phase_for: Option<Duration>,
+    },
+    /// The drain finished after this long (a histogram observation).
+    DrainFinished {
+        after: Duration,
+    },
+}
+
+/// One eviction call to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictionOrder {
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub is_retry: bool,
+}
+
+/// The whole new status, and the phase change it makes if any.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusWrite {
+    pub status: NodeMaintenanceStatus,
+    pub transition: Option<Transition>,
+}
+
+/// A phase change, for metrics, logs and the phase Event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    /// `None` for a request seen for the first time.
+    pub from: Option<Phase>,
+    pub to: Phase,
+    pub message: String,
+    /// How long the request was in `from`.
+    pub in_phase_for: Option<Duration>,
+}
+
+/// Reasons of the Events the lifecycle emits besides phase changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventReason {
+    Uncordon,
+    InvalidSpec,
+    DrainTimeout,
+    WaitForPodCompletionTimeout,
+    NodeGone,
+}
+
+impl EventReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventReason::Uncordon => "Uncordon",
+            EventReason::InvalidSpec => "InvalidSpec",
+            EventReason::DrainTimeout => "DrainTimeout",
+            EventReason::WaitForPodCompletionTimeout => "WaitForPodCompletionTimeout",
+            EventReason::NodeGone => "NodeGone",
+        }
+    }
+}
+
+impl fmt::Display for EventReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Reasons of the `Failed` condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailedReason {
+    /// A selector or regex of the spec cannot be used; removed when the spec is fixed.
+    InvalidSpec,
+    /// The drain did not finish within `timeoutSeconds`; removed when it finishes.
+    DrainTimeout,
+}
+
+impl FailedReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailedReason::InvalidSpec => "InvalidSpec",
+            FailedReason::DrainTimeout => "DrainTimeout",
+        }
+    }
+
+    fn event(self) -> EventReason {
+        match self {
+            FailedReason::InvalidSpec => EventReason::InvalidSpec,
+            FailedReason::DrainTimeout => EventReason::DrainTimeout,
+        }
+    }
+}
+
+/// The `reason` of an entry of `status.drain.blocked` that the drain itself reports (pods held
+/// back by the spec carry [`drain_plan::BlockReason`]'s reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitReason {
+    Pdb,
+    MultiplePdbs,
+    Error,
+    Terminating,
+}
+
+impl WaitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::Pdb => "PDB",
+            WaitReason::MultiplePdbs => "MultiplePDBs",
+            WaitReason::Error => "Error",
+            WaitReason::Terminating => "Terminating",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub warning: bool,
+    pub reason: EventReason,
+    pub note: String,
+}
+
+/// What the actor does now and when it runs the step again.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Step {
+    pub actions: Vec<Action>,
+    /// Run again at this time at the latest (events may run it sooner).
+    pub wake_at: Option<Timestamp>,
+    /// Keep a watch on the node's pods (dropped when false).
+    pub watch_pods: bool,
+    /// While draining: when the drain last made progress (the `seconds_since_progress` gauge,
+    /// whose label set goes when this is `None`).
+    pub last_progress: Option<Timestamp>,
+    /// Nothing is left to do for this request: the actor stops after the actions.
+    pub finished: bool,
+}
+
+impl Step {
+    fn wake(&mut self, at: Timestamp) {
+        self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+    }
+
+    /// The phase this step moves the request to, if it does.
+    pub fn transition(&self) -> Option<&Transition> {
+        self.actions.iter().find_map(|a| match a {
+            Action::WriteStatus(StatusWrite {
+                transition: Some(t),
+                ..
+            }) => Some(t),
+            _ => None,
+        })
+    }
+}
+
+/// Eviction bookkeeping for one pod (in memory only: losing it costs at most one extra call).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodEviction {
+    pub uid: Option<String>,
+    pub attempts: u32,
+    pub in_flight: bool,
+    /// The API server accepted the eviction: now we wait for the pod to be gone.
+    pub accepted: bool,
+    pub next_attempt: Timestamp,
+    /// Retry at the slow cadence (the attempt was made after the drain timed out).
+    pub slow: bool,
+    pub last: Option<EvictionOutcome>,
+    /// For a MultiplePdbs refusal: the PDBs that select the pod (looked up once by the actor).
+    pub covering_pdbs: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What the actor remembers between steps: evictions per pod (`namespace/name`), and what it
+/// needs to throttle status writes and measure progress.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ledger {
+    pub evictions: BTreeMap<String, PodEviction>,
+    pub last_status_write: Option<Timestamp>,
+    /// Largest (totalPods, evictionPods) seen in this drain: the counts only grow.
+    pub drain_counts: (usize, usize),
+    pub last_progress: Option<Timestamp>,
+    last_remaining: Option<usize>,
+}
+
+impl Ledger {
+    /// Forgets the drain (a phase without one, or the request ends).
+    pub fn clear(&mut self) {
+        *self = Ledger {
+            last_status_write: self.last_status_write,
+            ..Ledger::default()
+        };
+    }
+
+    /// The answer to one eviction call. `jitter` in [0, 1) spreads retries of many pods.
+    pub fn record(
+        &mut self,
+        key: &str,
+        uid: Option<&str>,
+        outcome: EvictionOutcome,
+        now: Timestamp,
+        jitter: f64,
+    ) {
+        let Some(entry) = self.evictions.get_mut(key) else {
+            return;
+        };
+        if entry.uid.as_deref() != uid {
+            return;
+        }
+        entry.in_flight = false;
+        match &outcome {
+            EvictionOutcome::Evicted | EvictionOutcome::Gone => {
+                entry.accepted = true;
+                self.last_progress = Some(now);
+            }
+            EvictionOutcome::Refused { .. }
+            | EvictionOutcome::MultiplePdbs { .. }
+            | EvictionOutcome::Error { .. } => {
+                let delay = if entry.slow {
+                    SLOW_RETRY
+                } else {
+                    retry_delay(entry.attempts, jitter)
+                };
+                entry.next_attempt = after(now, delay);
+            }
+        }
+        entry.last = Some(outcome);
+    }
+
+    /// A PDB now allows a disruption (or is gone): the pods it blocked may retry at once, as many
+    /// as `claim` grants (shared tokens across actors), in pod order; the others keep their
+    /// backoff.
+    pub fn wake_blocked_by(
+        &mut self,
+        namespace: &str,
+        pdb: &str,
+        now: Timestamp,
+        mut claim: impl FnMut() -> bool,
+    ) {
+        let prefix = format!("{namespace}/");
+        for (key, entry) in self.evictions.iter_mut() {
+            let waits_on_pdb = match &entry.last {
+                Some(EvictionOutcome::Refused { pdb: Some(p), .. }) => p == pdb,
+                Some(EvictionOutcome::MultiplePdbs { .. }) => {
+                    entry.covering_pdbs.iter().any(|p| p == pdb)
+                }
+                _ => false,
+            };
+            if key.starts_with(&prefix)
+                && waits_on_pdb
+                && !entry.in_flight
+                && entry.next_attempt > now
+            {
+                if !claim() {
+                    break;
+                }
+                entry.next_attempt = now;
+            }
+        }
+    }
+
+    /// Pods refused because several PDBs select them, whose PDBs the actor has not looked up:
+    /// (`namespace/name`, namespace, labels). The API server's 500 does not name them.
+    pub fn needs_covering_pdbs(&self) -> Vec<(String, String, BTreeMap<String, String>)> {
+        self.evictions
+            .iter()
+            .filter(|(_, e)| {
+                matches!(e.last, Some(EvictionOutcome::MultiplePdbs { .. }))
+                    && e.covering_pdbs.is_empty()
+            })
+            .map(|(key, e)| (key.clone(), namespace_of(key).to_string(), e.labels.clone()))
+            .collect()
+    }
+
+    pub fn set_covering_pdbs(&mut self, key: &str, pdbs: Vec<String>) {
+        if let Some(entry) = self.evictions.get_mut(key) {
+            entry.covering_pdbs = pdbs;
+        }
+    }
+
+    /// The PDBs our pods wait on now, as (namespace, name): the actor watches exactly these.
+    pub fn pdbs_waited_on(&self) -> BTreeSet<(String, String)> {
+        self.blocked_by_pdb().into_keys().collect()
+    }
+
+    /// How many of our pods each PDB blocks now (the `pods_blocked_by_pdb` gauge).
+    pub fn blocked_by_pdb(&self) -> BTreeMap<(String, String), usize> {
+        let mut out: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for (key, entry) in &self.evictions {
+            let namespace = namespace_of(key).to_string();
+            match &entry.last {
+                Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) => {
+                    *out.entry((namespace, pdb.clone())).or_default() += 1;
+                }
+                Some(EvictionOutcome::MultiplePdbs { .. }) => {
+                    for pdb in &entry.covering_pdbs {
+                        *out.entry((namespace.clone(), pdb.clone())).or_default() += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// Exponential backoff (×2 from [`EVICTION_MIN_BACKOFF`] up to [`EVICTION_MAX_BACKOFF`]) with a
+/// jitter of ±50% so that pods refused together do not retry together.
+pub fn retry_delay(attempts: u32, jitter: f64) -> Duration {
+    let exponent = attempts.saturating_sub(1).min(16);
+    let base = EVICTION_MIN_BACKOFF
+        .saturating_mul(1u32 << exponent)
+        .min(EVICTION_MAX_BACKOFF);
+    base.mul_f64(0.5 + jitter.clamp(0.0, 1.0))
+}
+
+/// True when the actor must read the Node from the API server rather than the shared cache:
+/// the initial state is recorded once and decides the uncordon, so a cache that lags behind a
+/// previous request's uncordon must not decide it.
+pub fn needs_fresh_node(request: &NodeMaintenance) -> bool {
+    !request.is_deleting() && request.phase() != Phase::Pending && initial_state(request).is_none()
+}
+
+/// Whether the supervisor runs an actor for this request: while it is in progress on an existing
+/// node, or while our finalizer waits for cleanup. A request whose node is gone and whose
+/// finalizer is off needs nothing (and must not be restarted forever).
+pub fn needs_actor(request: &NodeMaintenance, node_exists: bool, admitted: bool) -> bool {
+    let in_progress = request.phase() != Phase::Pending || admitted;
+    has_finalizer(request) || (in_progress && !request.is_deleting() && node_exists)
+}
+
+/// Compares resourceVersions numerically when they are numbers (etcd's are), else accepts: the
+/// supervisor's cache may lag behind the actor's own writes, and the actor only moves forward.
+pub fn is_newer_version(candidate: &NodeMaintenance, current: &NodeMaintenance) -> bool {
+    let parse = |o: &NodeMaintenance| {
+        o.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    match (parse(candidate), parse(current)) {
+        (Some(a), Some(b)) => a >= b,
+        _ => true,
+    }
+}
+
+/// The node's recorded initial state: `Some(true)` if it was unschedulable before us.
+pub fn initial_state(request: &NodeMaintenance) -> Option<bool> {
+    request
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(INITIAL_UNSCHEDULABLE_ANNOTATION)
+        .map(|v| v == "true")
+}
+
+fn has_finalizer(request: &NodeMaintenance) -> bool {
+    request
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
+/// We cordon (and so uncordon) only a node that was schedulable before, and only when asked to.
+fn we_cordon(request: &NodeMaintenance) -> bool {
+    request.spec.cordon() && initial_state(request) == Some(false)
+}
+
+fn namespace_of(key: &str) -> &str {
+    key.split('/').next().unwrap_or_default()
+}
+
+fn after(now: Timestamp, delay: Duration) -> Timestamp {
+    SignedDuration::try_from(delay)
+        .ok()
+        .and_then(|d| now.checked_add(d).ok())
+        .unwrap_or(Timestamp::MAX)
+}
+
+fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(since)).unwrap_or_default()
+}
+
+fn in_phase_for(request: &NodeMaintenance, now: Timestamp) -> Option<Duration> {
+    conditions::phase_since(request).map(|since| elapsed(since, now))
+}
+
+/// The status after moving to `to`: the `Ready` condition's reason is the phase, and a `Failed`
+/// condition goes with the phase whose step failed.
+pub fn enter_phase(
+    request: &NodeMaintenance,
+    to: Phase,
+    message: &str,
+    now: Timestamp,
+    edit: impl FnOnce(&mut NodeMaintenanceStatus),
+) -> StatusWrite {
+    let from = request
+        .condition(condition_type::READY)
+        .map(|_| request.phase());
+    let mut status = request.status.clone().unwrap_or_default();
+    conditions::set_phase(
+        &mut status.conditions,
+        to,
+        message,
+        now,
+        request.metadata.generation,
+    );
+    if from != Some(to) {
+        conditions::remove_condition(&mut status.conditions, condition_type::FAILED);
+    }
+    edit(&mut status);
+    let transition = (from != Some(to)).then(|| Transition {
+        from,
+        to,
+        message: message.to_string(),
+        in_phase_for: from.and_then(|_| in_phase_for(request, now)),
+    });
+    StatusWrite { status, transition }
+}
+
+fn enter(
+    request: &NodeMaintenance,
+    to: Phase,
+    message: &str,
+    now: Timestamp,
+    edit: impl FnOnce(&mut NodeMaintenanceStatus),
+) -> Action {
+    Action::WriteStatus(enter_phase(request, to, message, now, edit))
+}
+
+/// The next step of one request. `ledger` is the actor's memory: the step updates it (evictions
+/// started, drain counts), and the actor feeds eviction answers back through [`Ledger::record`].
+pub fn step(
+    request: &NodeMaintenance,
+    observed: &Observed<'_>,
+    now: Timestamp,
+    ledger: &mut Ledger,
+) -> Step {
+    if request.is_deleting() {
+        ledger.clear();
+        return on_deletion(request, observed, now);
+    }
+    if observed.node == NodeView::Missing {
+        ledger.clear();
+        return on_node_gone(request, now);
+    }
+    let phase = request.phase();
+    let requestor_failed = conditions::requestor_failed(request);
+    // Unlike NVIDIA's controller, which looks at RequestorFailed only once Ready, a requestor may
+    // give up in any phase: the drain stops and nothing more is evicted for it.
+    if requestor_failed && !matches!(phase, Phase::Pending | Phase::RequestorFailed) {
+        ledger.clear();
+        let mut step = Step::default();
+        // The initial state is recorded first, so a later cleanup or resume knows what to undo.
+        if let (None, NodeView::Present { unschedulable }) = (initial_state(request), observed.node)
+        {
+            step.actions
+                .push(Action::RecordInitialState { unschedulable });
+        }
+        step.actions.push(enter(
+            request,
+            Phase::RequestorFailed,
+            "the requestor reported a failure",
+            now,
+            |_| {},
+        ));
+        return step;
+    }
+    match phase {
+        // The supervisor alone admits.
+        Phase::Pending => Step::default(),
+        Phase::Scheduled => on_scheduled(request, observed, now),
+        Phase::Cordon => on_cordon(request, observed, now),
+        Phase::WaitForPodCompletion => on_wait_for_completion(request, observed, now, ledger),
+        Phase::Draining => match &request.spec.drain_spec {
+            Some(spec) => on_draining(request, spec, observed, now, ledger),
+            // drainSpec removed mid-drain: nothing more to drain (NVIDIA clears the drain status
+            // and moves to Ready the same way).
+            None => {
+                ledger.clear();
+                Step {
+                    actions: vec![enter(
+                        request,
+                        Phase::Ready,
+                        "drainSpec was removed",
+                        now,
+                        |s| s.drain = None,
+                    )],
+                    ..Step::default()
+                }
+            }
+        },
+        Phase::Ready => {
+            ledger.clear();
+            Step::default()
+        }
+        Phase::RequestorFailed if requestor_failed => {
+            ledger.clear();
+            Step::default()
+        }
+        // The requestor cleared its failure: run the preparation again (idempotent); with the
+        // initial state known, from the cordon.
+        Phase::RequestorFailed => {
+            let resume_at = if initial_state(request).is_some() {
+                Phase::Cordon
+            } else {
+                Phase::Scheduled
+            };
+            Step {
+                actions: vec![enter(
+                    request,
+                    resume_at,
+                    "the requestor cleared its failure",
+                    now,
+                    |_| {},
+                )],
+                ..Step::default()
+            }
+        }
+    }
+}
+
+/// Deletion: in `Ready` and `RequestorFailed` it waits for `additionalRequestors` to be empty; in
+/// every earlier phase it stops the work and cleans up at once (NVIDIA: `handleTerminalState`
+/// waits, `handleCordonState`/`handleWaitPodCompletionState`/`handleDrainStateDelete` do not).
+fn on_deletion(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestamp) -> Step {
+    if !has_finalizer(request) {
+        return Step {
+            finished: true,
+            ..Step::default()
+        };
+    }
+    let phase = request.phase();
+    let others = request.spec.additional_requestors();
+    if matches!(phase, Phase::Ready | Phase::RequestorFailed) && !others.is_empty() {
+        let message = format!(
+            "deletion waits for additionalRequestors to be removed: {}",
+            others.join(", ")
+        );
+        let mut step = Step::default();
+        if request
+            .condition(condition_type::READY)
+            .is_none_or(|c| c.message != message)
+        {
+            step.actions
+                .push(enter(request, phase, &message, now, |_| {}));
+        }
+        return step;
+    }
+    let mut actions = Vec::new();
+    // Only a node we cordoned is uncordoned, and only once the cordon may have happened.
+    let cordon_done = !matches!(phase, Phase::Pending | Phase::Scheduled);
+    if cordon_done && we_cordon(request) && matches!(observed.node, NodeView::Present { .. }) {
+        actions.push(Action::Uncordon);
+        actions.push(Action::Event(Event {
+            warning: false,
+            reason: EventReason::Uncordon,
+            note: format!("uncordoned {}", request.spec.node_name),
+        }));
+    }
+    actions.push(Action::RemoveFinalizer {
+        phase,
+        in_phase_for: in_phase_for(request, now),
+    });
+    Step {
+        actions,
+        finished: true,
+        ..Step::default()
+    }
+}
+
+/// The node is gone: nothing to cordon, drain or uncordon. The request is released at once
+/// (NVIDIA's `Reconcile` removes the finalizer when the node is not found), and the scheduler
+/// no longer counts it; the node's owner reference lets the garbage collector delete it.
+fn on_node_gone(request: &NodeMaintenance, now: Timestamp) -> Step {
+    let mut step = Step {
+        finished: true,
+        ..Step::default()
+    };
+    if !has_finalizer(request) {
+        return step;
+    }
+    let phase = request.phase();
+    let message = format!(
+        "node {} no longer exists; the request is released",
+        request.spec.node_name
+    );
+    step.actions.push(enter(request, phase, &message, now, |s| {
+        s.wait_for_completion.clear();
+    }));
+    step.actions.push(Action::Event(Event {
+        warning: true,
+        reason: EventReason::NodeGone,
+        note: message,
+    }));
+    step.actions.push(Action::RemoveFinalizer {
+        phase,
+        in_phase_for: in_phase_for(request, now),
+    });
+    step
+}
+
+/// Scheduled: remember whether the node was already unschedulable, so cleanup uncordons only a
+/// node that we cordoned.
+fn on_scheduled(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestamp) -> Step {
+    let mut actions = Vec::new();
+    if let (None, NodeView::Present { unschedulable }) = (initial_state(request), observed.node) {
+        actions.push(Action::RecordInitialState { unschedulable });
+    }
+    actions.push(enter(request, Phase::Cordon, "", now, |_| {}));
+    Step {
+        actions,
+        ..Step::default()
+    }
+}
+
+fn phase_after_cordon(request: &NodeMaintenance) -> (Phase, &'static str) {
+    if request.spec.wait_for_pod_completion.is_some() {
+        (Phase::WaitForPodCompletion, "")
+    } else {
+        phase_after_wait(request)
+    }
+}
+
+fn phase_after_wait(request: &NodeMaintenance) -> (Phase, &'static str) {
+    if request.spec.drain_spec.is_some() {
+        (Phase::Draining, "")
+    } else {
+        (Phase::Ready, "no drain requested")
+    }
+}
+
+fn on_cordon(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestamp) -> Step {
+    let mut actions = Vec::new();
+    let mut cordon = we_cordon(request);
+    // An object that reached Cordon without the annotation (written by another operator)
+    // records it now, from the live node.
+    if let (None, NodeView::Present { unschedulable }) = (initial_state(request), observed.node) {
+        actions.push(Action::RecordInitialState { unschedulable });
+        cordon = request.spec.cordon() && !unschedulable;
+    }
+    if cordon {
+        actions.push(Action::Cordon);
+    }
+    let (next, message) = phase_after_cordon(request);
+    actions.push(enter(request, next, message, now, |_| {}));
+    Step {
+        actions,
+        ..Step::default()
+    }
+}
+
+/// A spec the operator cannot act on (bad selector or regex): say so in the `Failed` condition,
+/// once; the step runs again when the spec changes.
+fn invalid_spec(request: &NodeMaintenance, message: &str, now: Timestamp) -> Step {
+    let mut step = Step {
+        watch_pods: true,
+        ..Step::default()
+    };
+    if request
+        .condition(condition_type::FAILED)
+        .is_some_and(|c| c.reason == FailedReason::InvalidSpec.as_str() && c.message == message)
+    {
+        return step;
+    }
+    let mut status = request.status.clone().unwrap_or_default();
+    set_failed(
+        &mut status,
+        request,
+        FailedReason::InvalidSpec,
+        message,
+        now,
+    );
+    step.actions.push(Action::WriteStatus(StatusWrite {
+        status,
+        transition: None,
+    }));
+    step.actions.push(Action::Event(Event {
+        warning: true,
+        reason: FailedReason::InvalidSpec.event(),
+        note: message.to_string(),
+    }));
+    step
+}
+
+fn set_failed(
+    status: &mut NodeMaintenanceStatus,
+    request: &NodeMaintenance,
+    reason: FailedReason,
+    message: &str,
+    now: Timestamp,
+) {
+    conditions::upsert_condition(
+        &mut status.conditions,
+        condition_type::FAILED,
+        true,
+        reason.as_str(),
+        message,
+        now,
+        request.metadata.generation,
+    );
+}
+
+/// Removes a `Failed` condition of this reason (its cause is gone); true if there was one.
+fn clear_failed(status: &mut NodeMaintenanceStatus, reason: FailedReason) -> bool {
+    let has = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition_type::FAILED && c.reason == reason.as_str());
+    if has {
+        conditions::remove_condition(&mut status.conditions, condition_type::FAILED);
+    }
+    has
+}
+
+fn on_wait_for_completion(
+    request: &NodeMaintenance,
+    observed: &Observed<'_>,
+    now: Timestamp,
+    ledger: &mut Ledger,
+) -> Step {
+    ledger.clear();
+    let (next, next_message) = phase_after_wait(request);
+    // waitForPodCompletion removed mid-phase: nothing to wait for.
+    let Some(spec) = &request.spec.wait_for_pod_completion else {
+        return Step {
+            actions: vec![enter(
+                request,
+                next,
+                "waitForPodCompletion was removed",
+                now,
+                |s| s.wait_for_completion.clear(),
+            )],
+            ..Step::default()
+        };
+    };
+    let mut step = Step {
+        watch_pods: true,
+        ..Step::default()
+    };
+    let Some(pods) = observed.pods else {
+        return step;
+    };
+    let rules = match CompletionRules::new(spec) {
+        Ok(rules) => rules,
+        Err(err) => return invalid_spec(request, &err.to_string(), now),
+    };
+    let waiting: Vec<String> = drain_plan::pods_to_wait_for(&rules, pods)
+        .iter()
+        .map(PodRef::key)
+        .collect();
+    if waiting.is_empty() {
+        step.watch_pods = next == Phase::Draining;
+        step.actions
+            .push(enter(request, next, next_message, now, |s| {
+                s.wait_for_completion.clear()
+            }));
+        return step;
+    }
+    let timeout = Duration::from_secs(u64::from(spec.timeout_seconds()));
+    let since = conditions::phase_since(request).unwrap_or(now);
+    if !timeout.is_zero() {
+        if elapsed(since, now) >= timeout {
+            let note = format!(
+                "waited {}s for pod completion; {} pod(s) still running ({}); moving on",
+                timeout.as_secs(),
+                waiting.len(),
+                waiting.join(", ")
+            );
+            step.actions.push(Action::Event(Event {
+                warning: true,
+                reason: EventReason::WaitForPodCompletionTimeout,
+                note,
+            }));
+            step.actions.push(enter(
+                request,
+                next,
+                "wait for pod completion timed out",
+                now,
+                |s| s.wait_for_completion.clear(),
+            ));
+            return step;
+        }
+        step.wake(after(after(since, timeout), TIMER_SLACK));
+    }
+    let mut status = request.status.clone().unwrap_or_default();
+    let fixed = clear_failed(&mut status, FailedReason::InvalidSpec);
+    if fixed || status.wait_for_completion != waiting {
+        status.wait_for_completion = waiting;
+        step.actions.push(Action::WriteStatus(StatusWrite {
+            status,
+            transition: None,
+        }));
+    }
+    step
+}
+
+fn creation_time(pod: &Pod) -> Option<Timestamp> {
+    pod.metadata.creation_timestamp.as_ref().map(|t| t.0)
+}
+
+/// Draining. Pods that arrive on the node after the drain began (created later than the phase
+/// start; kubectl drain would not see them, as it lists once) are evicted too, but never hold
+/// the drain open: a controller that keeps binding pods to the node, or `cordon: false` with a
+/// busy scheduler, cannot keep a drain alive forever.
+fn on_draining(
+    request: &NodeMaintenance,
+    spec: &DrainSpec,
+    observed: &Observed<'_>,
+    now: Timestamp,
+    ledger: &mut Ledger,
+) -> Step {
+    let mut step = Step {
+        watch_pods: true,
+        ..Step::default()
+    };
+    let Some(pods) = observed.pods else {
+        return step;
+    };
+    let rules = match DrainRules::new(spec, Some(observed.operator.clone())) {
+        Ok(rules) => rules,
+        Err(err) => {
+            ledger.clear();
+            return invalid_spec(request, &err.to_string(), now);
+        }
+    };
+    let plan = drain_plan::plan(&rules, pods);
+    let started = conditions::phase_since(request).unwrap_or(now);
+    let arrived_later: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| creation_time(p).is_some_and(|created| created > started))
+        .map(|p| PodRef::from_pod(p).key())
+        .collect();
+
+    // Pods we evicted that still exist with the same UID are still terminating: wait for them.
+    let live: BTreeMap<String, &Pod> = pods
+        .iter()
+        .map(|p| (PodRef::from_pod(p).key(), p))
+        .collect();
+    ledger.evictions.retain(|key, e| {
+        live.get(key)
+            .is_some_and(|p| p.metadata.uid.as_deref() == e.uid.as_deref())
+    });
+    if ledger.last_progress.is_none() {
+        ledger.last_progress = Some(now);
+    }
+
+    let timeout = Duration::from_secs(u64::from(spec.timeout_seconds()));
+    let timed_out = !timeout.is_zero() && elapsed(started, now) >= timeout;
+    let mut orders = Vec::new();
+    for pod in &plan.to_evict {
+        let key = pod.key();
+        let entry = ledger
+            .evictions
+            .entry(key.clone())
+            .or_insert_with(|| PodEviction {
+                uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+                attempts: 0,
+                in_flight: false,
+                accepted: false,
+                next_attempt: now,
+                slow: false,
+                last: None,
+                covering_pdbs: Vec::new(),
+                labels: live
+                    .get(&key)
+                    .and_then(|p| p.metadata.labels.clone())
+                    .unwrap_or_default(),
+            });
+        if entry.in_flight || entry.accepted {
+            continue;
+        }
+        if entry.next_attempt > now {
+            step.wake(entry.next_attempt);
+            continue;
+        }
+        entry.in_flight = true;
+        // After the timeout keep trying, slowly, so the request recovers by itself.
+        entry.slow = timed_out;
+        orders.push(EvictionOrder {
+            key,
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: entry.uid.clone(),
+            is_retry: entry.attempts > 0,
+        });
+        entry.attempts += 1;
+    }
+    if !orders.is_empty() {
+        step.actions.push(Action::Evict(orders));
+    }
+
+    let terminating: BTreeSet<String> = plan
+        .skipped
+        .iter()
+        .filter(|(_, why)| *why == SkipReason::Terminating)
+        .map(|(p, _)| p.key())
+        .collect();
+    let mut blocked: Vec<BlockedPod> = plan
+        .blocked
+        .iter()
+        .map(|(pod, reason)| reason.to_blocked_pod(pod))
+        .collect();
+    for (key, entry) in &ledger.evictions {
+        if !terminating.contains(key)
+            && let Some(b) = blocked_entry(observed.pdb_summaries, key, entry)
+        {
+            blocked.push(b);
+        }
+    }
+    // Terminating pods (evicted by us, even before a restart, or by anyone) are waited for until
+    // their object is gone: the node is not drained while they still run.
+    for key in &terminating {
+        blocked.push(BlockedPod {
+            pod: key.clone(),
+            reason: WaitReason::Terminating.as_str().to_string(),
+            message: "evicted; waiting for the pod to terminate".to_string(),
+        });
+    }
+    blocked.retain(|b| !arrived_later.contains(&b.pod));
+    blocked.sort_by(|a, b| a.pod.cmp(&b.pod));
+    let mut remaining: Vec<String> = plan
+        .to_evict
+        .iter()
+        .map(PodRef::key)
+        .chain(plan.blocked.iter().map(|(p, _)| p.key()))
+        .chain(terminating.iter().cloned())
+        .filter(|key| !arrived_later.contains(key))
+        .collect();
+    remaining.sort();
+
+    let previous = request.status.as_ref().and_then(|s| s.drain.clone());
+    // The counts only grow during a drain: remembered between throttled status writes, and read
+    // back from the status after a restart.
+    let eviction_pods = previous
+        .as_ref()
+        .map_or(0, |d| usize::try_from(d.eviction_pods).unwrap_or(0))
+        .max(ledger.drain_counts.1)
+        .max(remaining.len());
+    let total_pods = previous
+        .as_ref()
+        .map_or(0, |d| usize::try_from(d.total_pods).unwrap_or(0))
+        .max(ledger.drain_counts.0)
+        .max(plan.total_pods);
+    ledger.drain_counts = (total_pods, eviction_pods);
+    let drain_status = DrainStatus {
+        total_pods: i32::try_from(total_pods).unwrap_or(i32::MAX),
+        eviction_pods: i32::try_from(eviction_pods).unwrap_or(i32::MAX),
+        drain_progress: drain_plan::drain_progress(eviction_pods, remaining.len()),
+        wait_for_eviction: remaining.clone(),
+        blocked: blocked.clone(),
+    };
+    if ledger.last_remaining != Some(remaining.len()) {
+        ledger.last_remaining = Some(remaining.len());
+        ledger.last_progress = Some(now);
+    }
+
+    if remaining.is_empty() {
+        step.actions.push(Action::DrainFinished {
+            after: elapsed(started, now),
+        });
+        step.actions
+            .push(enter(request, Phase::Ready, "", now, |s| {
+                s.drain = Some(drain_status)
+            }));
+        step.watch_pods = false;
+        ledger.clear();
+        return step;
+    }
+    step.last_progress = ledger.last_progress;
+
+    let mut status = request.status.clone().unwrap_or_default();
+    let mut write_now = previous.is_none();
+    let mut changed = status.drain.as_ref() != Some(&drain_status);
+    status.drain = Some(drain_status);
+    if clear_failed(&mut status, FailedReason::InvalidSpec) {
+        changed = true;
+        write_now = true;
+    }
+    // An earlier Failed of another cause never hides the timeout.
+    let timeout_reported = request
+        .condition(condition_type::FAILED)
+        .is_some_and(|c| c.reason == FailedReason::DrainTimeout.as_str());
+    if timed_out && !timeout_reported {
+        let message = timeout_message(timeout, &blocked, &remaining);
+        set_failed(
+            &mut status,
+            request,
+            FailedReason::DrainTimeout,
+            &message,
+            now,
+        );
+        step.actions.push(Action::Event(Event {
+            warning: true,
+            reason: FailedReason::DrainTimeout.event(),
+            note: message,
+        }));
+        changed = true;
+        // A timeout is worth writing at once.
+        write_now = true;
+    }
+    // A heartbeat keeps the progress gauge and the timeout current when nothing else happens.
+    step.wake(after(now, HEARTBEAT));
+    if !timed_out && !timeout.is_zero() {
+        step.wake(after(after(started, timeout), TIMER_SLACK));
+    }
+    if changed {
+        let next_write = ledger
+            .last_status_write
+            .map(|at| after(at, STATUS_WRITE_INTERVAL));
+        match next_write {
+            Some(at) if !write_now && at > now => step.wake(at),
+            _ => step.actions.push(Action::WriteStatus(StatusWrite {
+                status,
+                transition: None,
+            })),
+        }
+    }
+    step
+}
+
+fn timeout_message(timeout: Duration, blocked: &[BlockedPod], remaining: &[String]) -> String {
+    let mut parts: Vec<String> = blocked
+        .iter()
+        .map(|b| format!("{}: {}", b.pod, b.message))
+        .collect();
+    for pod in remaining {
+        if !blocked.iter().any(|b| &b.pod == pod) {
+            parts.push(format!("{pod}: not evicted yet"));
+        }
+    }
+    format!(
+        "drain did not finish within {}s; {} pod(s) remain: {}",
+        timeout.as_secs(),
+        remaining.len(),
+        parts.join("; ")
+    )
+}
+
+/// Why an eviction of ours waits, for `status.drain.blocked`.
+fn blocked_entry(
+    pdb_summaries: &BTreeMap<String, String>,
+    key: &str,
+    entry: &PodEviction,
+) -> Option<BlockedPod> {
+    let namespace = namespace_of(key);
+    let describe = |pdb: &str| {
+        let name = format!("{namespace}/{pdb}");
+        match pdb_summaries.get(&name) {
+            Some(summary) => format!("PodDisruptionBudget {name} ({summary})"),
+            None => format!("PodDisruptionBudget {name}"),
+        }
+    };
+    let (reason, message) = match entry.last.as_ref()? {
+        EvictionOutcome::Refused { pdb, message } => (
+            WaitReason::Pdb,
+            match pdb {
+                Some(pdb) => format!(
+                    "{} allows no disruption now; retrying when it changes ({message})",
+                    describe(pdb)
+                ),
+                None => format!("eviction refused: {message}"),
+            },
+        ),
+        EvictionOutcome::MultiplePdbs { message } => (
+            WaitReason::MultiplePdbs,
+            if entry.covering_pdbs.is_empty() {
+                format!("{message}; make exactly one PodDisruptionBudget select the pod")
+            } else {
+                let names: Vec<String> = entry.covering_pdbs.iter().map(|p| describe(p)).collect();
+                format!(
+                    "covered by {} PodDisruptionBudgets: {}; the Eviction API refuses pods with more than one, make exactly one select the pod",
+                    names.len(),
+                    names.join(", ")
+                )
+            },
+        ),
+        EvictionOutcome::Error { code, message } => (
+            WaitReason::Error,
+            match code {
+                Some(code) => format!("eviction failed with HTTP {code}: {message}"),
+                None => format!("eviction failed: {message}"),
+            },
+        ),
+        // Evicted pods still present are listed as Terminating from the pod itself.
+        EvictionOutcome::Evicted | EvictionOutcome::Gone => return None,
+    };
+    Some(BlockedPod {
+        pod: key.to_string(),
+        reason: reason.as_str().to_string(),
+        message,
+    })
+}
+
+#[cfg(test)]
+mod tests;

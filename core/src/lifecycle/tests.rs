@@ -1,0 +1,862 @@
+//! Table tests of the lifecycle step: every phase against the events that can meet it (spec
+//! edits, RequestorFailed set and cleared, deletion with and without additionalRequestors, the
+//! node gone, timeouts, a restart with the state only on the object).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use maintenance_crds::{
+    DrainSpec, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
+    NodeMaintenanceSpec, NodeMaintenanceStatus, Phase, WaitForPodCompletionSpec, condition_type,
+};
+
+use super::*;
+use crate::fixtures::{bare, created_at, pod, terminating, with_phase};
+
+const SCHEDULABLE: NodeView = NodeView::Present {
+    unschedulable: false,
+};
+const CORDONED: NodeView = NodeView::Present {
+    unschedulable: true,
+};
+
+/// Seconds after a fixed instant: every test runs at the same "now".
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).expect("valid timestamp")
+}
+
+/// A request in `phase` since `at(0)`, with our finalizer and the node recorded schedulable
+/// (the state of a request we admitted and cordoned).
+fn request(phase: Phase) -> NodeMaintenance {
+    let mut nm = NodeMaintenance::new(
+        "maintenance",
+        NodeMaintenanceSpec {
+            requestor_id: "upgrade".into(),
+            node_name: "node-1".into(),
+            ..NodeMaintenanceSpec::default()
+        },
+    );
+    nm.metadata.namespace = Some("default".into());
+    nm.metadata.resource_version = Some("10".into());
+    nm.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let mut status = NodeMaintenanceStatus::default();
+    conditions::set_phase(&mut status.conditions, phase, "", at(0), None);
+    nm.status = Some(status);
+    if phase != Phase::Pending {
+        nm = with_initial_state(nm, Some(false));
+    }
+    nm
+}
+
+fn with_initial_state(mut nm: NodeMaintenance, unschedulable: Option<bool>) -> NodeMaintenance {
+    let annotations = nm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    match unschedulable {
+        Some(value) => {
+            annotations.insert(INITIAL_UNSCHEDULABLE_ANNOTATION.into(), value.to_string());
+        }
+        None => {
+            annotations.remove(INITIAL_UNSCHEDULABLE_ANNOTATION);
+        }
+    }
+    nm
+}
+
+fn deleting(mut nm: NodeMaintenance) -> NodeMaintenance {
+    nm.metadata.deletion_timestamp = Some(Time(at(1)));
+    nm
+}
+
+fn without_finalizer(mut nm: NodeMaintenance) -> NodeMaintenance {
+    nm.metadata.finalizers = None;
+    nm
+}
+
+fn with_additional(mut nm: NodeMaintenance, others: &[&str]) -> NodeMaintenance {
+    nm.spec.additional_requestors = Some(others.iter().map(|s| s.to_string()).collect());
+    nm
+}
+
+fn with_wait(mut nm: NodeMaintenance, timeout_seconds: i32) -> NodeMaintenance {
+    nm.spec.wait_for_pod_completion = Some(WaitForPodCompletionSpec {
+        pod_selector: None,
+        timeout_seconds: Some(timeout_seconds),
+    });
+    nm
+}
+
+fn with_drain(mut nm: NodeMaintenance, timeout_seconds: i32) -> NodeMaintenance {
+    nm.spec.drain_spec = Some(DrainSpec {
+        timeout_seconds: Some(timeout_seconds),
+        ..DrainSpec::default()
+    });
+    nm
+}
+
+fn with_condition(
+    mut nm: NodeMaintenance,
+    type_: &str,
+    status: bool,
+    reason: &str,
+) -> NodeMaintenance {
+    let conditions = &mut nm.status.get_or_insert_with(Default::default).conditions;
+    conditions::upsert_condition(conditions, type_, status, reason, "", at(0), None);
+    nm
+}
+
+fn requestor_failed(nm: NodeMaintenance, failed: bool) -> NodeMaintenance {
+    with_condition(nm, condition_type::REQUESTOR_FAILED, failed, "Failed")
+}
+
+fn run_with(
+    nm: &NodeMaintenance,
+    node: NodeView,
+    pods: Option<&[Pod]>,
+    now: Timestamp,
+    ledger: &mut Ledger,
+) -> Step {
+    let summaries = BTreeMap::new();
+    let operator = OperatorIdentity::new("maintenance-operator", None);
+    let observed = Observed {
+        node,
+        pods,
+        pdb_summaries: &summaries,
+        operator: &operator,
+    };
+    step(nm, &observed, now, ledger)
+}
+
+fn run(nm: &NodeMaintenance, node: NodeView, pods: Option<&[Pod]>, now: Timestamp) -> Step {
+    run_with(nm, node, pods, now, &mut Ledger::default())
+}
+
+fn status_writes(step: &Step) -> Vec<&StatusWrite> {
+    step.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::WriteStatus(w) => Some(w),
+            _ => None,
+        })
+        .collect()
+}
+
+fn moved_to(step: &Step) -> Option<Phase> {
+    step.transition().map(|t| t.to)
+}
+
+fn has(step: &Step, wanted: &Action) -> bool {
+    step.actions.contains(wanted)
+}
+
+fn removes_finalizer(step: &Step) -> bool {
+    step.actions
+        .iter()
+        .any(|a| matches!(a, Action::RemoveFinalizer { .. }))
+}
+
+fn evicted(step: &Step) -> Vec<String> {
+    step.actions
+        .iter()
+        .flat_map(|a| match a {
+            Action::Evict(orders) => orders.iter().map(|o| o.key.clone()).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+fn events(step: &Step) -> Vec<EventReason> {
+    step.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(e) => Some(e.reason),
+            _ => None,
+        })
+        .collect()
+}
+
+fn failed_reason(write: &StatusWrite) -> Option<&str> {
+    write
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition_type::FAILED)
+        .map(|c| c.reason.as_str())
+}
+
+fn ready_condition(write: &StatusWrite) -> &Condition {
+    write
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition_type::READY)
+        .expect("a Ready condition")
+}
+
+// ---- deletion ----
+
+/// Deletion in every phase, with and without additionalRequestors: before Ready it cleans up at
+/// once; in Ready and RequestorFailed additionalRequestors hold it (NVIDIA's
+/// `handleTerminalState`). This is the edge that froze a request deleted while Draining.
+#[test]
+fn deletion_in_every_phase_with_and_without_additional_requestors() {
+    use Phase::*;
+    // (phase, additional requestors, expect cleanup now, expect uncordon)
+    let table = [
+        (Pending, false, true, false),
+        (Pending, true, true, false),
+        (Scheduled, false, true, false),
+        (Scheduled, true, true, false),
+        (Cordon, false, true, true),
+        (Cordon, true, true, true),
+        (WaitForPodCompletion, false, true, true),
+        (WaitForPodCompletion, true, true, true),
+        (Draining, false, true, true),
+        (Draining, true, true, true),
+        (Ready, false, true, true),
+        (Ready, true, false, false),
+        (RequestorFailed, false, true, true),
+        (RequestorFailed, true, false, false),
+    ];
+    for (phase, additional, cleanup, uncordon) in table {
+        let mut nm = deleting(request(phase));
+        if additional {
+            nm = with_additional(nm, &["firmware"]);
+        }
+        let step = run(&nm, CORDONED, None, at(5));
+        let case = format!("{phase} additional={additional}: {step:?}");
+        assert_eq!(removes_finalizer(&step), cleanup, "{case}");
+        assert_eq!(step.finished, cleanup, "{case}");
+        assert_eq!(has(&step, &Action::Uncordon), uncordon, "{case}");
+        assert!(!step.watch_pods, "{case}");
+        if !cleanup {
+            let writes = status_writes(&step);
+            assert_eq!(writes.len(), 1, "{case}");
+            assert!(
+                ready_condition(writes[0]).message.contains("firmware"),
+                "{case}"
+            );
+            assert!(writes[0].transition.is_none(), "{case}");
+        }
+    }
+}
+
+#[test]
+fn deletion_waiting_for_additional_requestors_writes_its_message_once() {
+    let nm = with_additional(deleting(request(Phase::Ready)), &["firmware"]);
+    let first = run(&nm, CORDONED, None, at(5));
+    let written = status_writes(&first)[0].status.clone();
+    let mut again = nm.clone();
+    again.status = Some(written);
+    assert_eq!(run(&again, CORDONED, None, at(6)), Step::default());
+    // The list emptied: cleanup goes ahead.
+    let mut released = again.clone();
+    released.spec.additional_requestors = Some(Vec::new());
+    let step = run(&released, CORDONED, None, at(7));
+    assert!(has(&step, &Action::Uncordon) && removes_finalizer(&step));
+}
+
+#[test]
+fn deletion_uncordons_only_a_node_we_cordoned() {
+    // The node was unschedulable before us: leave it so.
+    let step = run(
+        &with_initial_state(deleting(request(Phase::Draining)), Some(true)),
+        CORDONED,
+        None,
+        at(5),
+    );
+    assert!(!has(&step, &Action::Uncordon) && removes_finalizer(&step));
+    // cordon: false: we never cordoned.
+    let mut nm = deleting(request(Phase::Ready));
+    nm.spec.cordon = Some(false);
+    let step = run(&nm, SCHEDULABLE, None, at(5));
+    assert!(!has(&step, &Action::Uncordon) && removes_finalizer(&step));
+    // No initial state recorded: we cannot have cordoned.
+    let step = run(
+        &with_initial_state(deleting(request(Phase::Cordon)), None),
+        CORDONED,
+        None,
+        at(5),
+    );
+    assert!(!has(&step, &Action::Uncordon) && removes_finalizer(&step));
+}
+
+#[test]
+fn deletion_without_our_finalizer_only_stops() {
+    let step = run(
+        &without_finalizer(deleting(request(Phase::Draining))),
+        CORDONED,
+        None,
+        at(5),
+    );
+    assert_eq!(
+        step,
+        Step {
+            finished: true,
+            ..Step::default()
+        }
+    );
+}
+
+#[test]
+fn deletion_forgets_the_drain() {
+    let mut ledger = Ledger::default();
+    let nm = with_drain(request(Phase::Draining), 0);
+    let pods = [pod("app", "web-1")];
+    let step = run_with(&nm, CORDONED, Some(&pods), at(2), &mut ledger);
+    assert_eq!(evicted(&step), vec!["app/web-1"]);
+    let step = run_with(&deleting(nm), CORDONED, Some(&pods), at(3), &mut ledger);
+    assert!(evicted(&step).is_empty() && step.finished);
+    assert!(ledger.evictions.is_empty());
+}
+
+// ---- the node is gone ----
+
+#[test]
+fn a_gone_node_releases_the_request_in_every_phase() {
+    for phase in Phase::ALL {
+        for deleted in [false, true] {
+            let mut nm = with_additional(with_drain(request(phase), 0), &["firmware"]);
+            if deleted {
+                nm = deleting(nm);
+            }
+            let step = run(&nm, NodeView::Missing, None, at(5));
+            let case = format!("{phase} deleting={deleted}: {step:?}");
+            // Ready with additionalRequestors waits for them even so; every other case lets go.
+            let waits = deleted && matches!(phase, Phase::Ready | Phase::RequestorFailed);
+            assert_eq!(removes_finalizer(&step), !waits, "{case}");
+            assert!(!has(&step, &Action::Uncordon), "{case}");
+            assert!(!has(&step, &Action::Cordon), "{case}");
+            assert!(evicted(&step).is_empty(), "{case}");
+            if !deleted {
+                assert!(step.finished, "{case}");
+                assert_eq!(events(&step), vec![EventReason::NodeGone], "{case}");
+                assert_eq!(moved_to(&step), None, "the phase stays: {case}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_released_request_needs_no_actor() {
+    let nm = without_finalizer(request(Phase::Draining));
+    assert!(!needs_actor(&nm, false, false), "gone node, finalizer off");
+    assert!(needs_actor(&nm, true, false), "in progress on a live node");
+    assert!(
+        needs_actor(&request(Phase::Draining), false, false),
+        "finalizer to remove"
+    );
+    let pending = without_finalizer(request(Phase::Pending));
+    assert!(!needs_actor(&pending, true, false));
+    assert!(
+        needs_actor(&pending, true, true),
+        "admitted, cache not caught up"
+    );
+    assert!(!needs_actor(
+        &deleting(without_finalizer(request(Phase::Ready))),
+        true,
+        false
+    ));
+}
+
+// ---- the happy path, phase by phase ----
+
+#[test]
+fn scheduled_records_the_initial_state_then_cordons() {
+    let nm = with_initial_state(request(Phase::Scheduled), None);
+    assert!(needs_fresh_node(&nm));
+    let step = run(&nm, CORDONED, None, at(1));
+    assert_eq!(
+        step.actions[0],
+        Action::RecordInitialState {
+            unschedulable: true
+        }
+    );
+    assert_eq!(moved_to(&step), Some(Phase::Cordon));
+    // Recorded already (a restart after the annotation was written): only the phase moves.
+    let nm = request(Phase::Scheduled);
+    assert!(!needs_fresh_node(&nm));
+    let step = run(&nm, SCHEDULABLE, None, at(1));
+    assert_eq!(step.actions.len(), 1);
+    assert_eq!(moved_to(&step), Some(Phase::Cordon));
+}
+
+#[test]
+fn cordon_cordons_a_schedulable_node_and_picks_the_next_phase() {
+    // (wait, drain, cordon spec, initially unschedulable) -> (cordon action, next phase)
+    let table = [
+        (false, false, true, false, true, Phase::Ready),
+        (true, false, true, false, true, Phase::WaitForPodCompletion),
+        (false, true, true, false, true, Phase::Draining),
+        (true, true, true, false, true, Phase::WaitForPodCompletion),
+        (false, true, true, true, false, Phase::Draining),
+        (false, true, false, false, false, Phase::Draining),
+    ];
+    for (wait, drain, cordon, initially, expect_cordon, next) in table {
+        let mut nm = with_initial_state(request(Phase::Cordon), Some(initially));
+        nm.spec.cordon = Some(cordon);
+        if wait {
+            nm = with_wait(nm, 0);
+        }
+        if drain {
+            nm = with_drain(nm, 0);
+        }
+        let step = run(&nm, SCHEDULABLE, None, at(1));
+        let case = format!("{wait} {drain} {cordon} {initially}: {step:?}");
+        assert_eq!(has(&step, &Action::Cordon), expect_cordon, "{case}");
+        assert_eq!(moved_to(&step), Some(next), "{case}");
+    }
+}
+
+#[test]
+fn ready_does_nothing_and_drops_the_pod_watch() {
+    let step = run(&request(Phase::Ready), CORDONED, None, at(100));
+    assert_eq!(step, Step::default());
+}
+
+#[test]
+fn pending_is_left_to_the_supervisor() {
+    let step = run(&request(Phase::Pending), SCHEDULABLE, None, at(1));
+    assert_eq!(step, Step::default());
+}
+
+// ---- RequestorFailed ----
+
+#[test]
+fn requestor_failed_in_every_phase() {
+    for phase in Phase::ALL {
+        let nm = requestor_failed(with_drain(request(phase), 0), true);
+        let step = run(&nm, CORDONED, Some(&[]), at(3));
+        let expected = match phase {
+            Phase::Pending | Phase::RequestorFailed => None,
+            _ => Some(Phase::RequestorFailed),
+        };
+        assert_eq!(moved_to(&step), expected, "{phase}: {step:?}");
+        assert!(evicted(&step).is_empty(), "{phase}");
+        assert!(!step.watch_pods, "{phase}");
+    }
+}
+
+#[test]
+fn requestor_failed_before_cordon_records_the_initial_state_first() {
+    let nm = requestor_failed(with_initial_state(request(Phase::Scheduled), None), true);
+    let step = run(&nm, SCHEDULABLE, None, at(3));
+    assert_eq!(
+        step.actions[0],
+        Action::RecordInitialState {
+            unschedulable: false
+        }
+    );
+    assert_eq!(moved_to(&step), Some(Phase::RequestorFailed));
+}
+
+#[test]
+fn clearing_requestor_failed_resumes_with_a_correct_cordon() {
+    let cleared = requestor_failed(request(Phase::RequestorFailed), false);
+    let step = run(&cleared, SCHEDULABLE, None, at(3));
+    assert_eq!(moved_to(&step), Some(Phase::Cordon));
+    // Then the cordon happens, because the node was schedulable before us.
+    let step = run(&request(Phase::Cordon), SCHEDULABLE, None, at(4));
+    assert!(has(&step, &Action::Cordon));
+    // Without a recorded initial state the preparation starts over from Scheduled.
+    let unknown = with_initial_state(cleared, None);
+    assert_eq!(
+        moved_to(&run(&unknown, SCHEDULABLE, None, at(3))),
+        Some(Phase::Scheduled)
+    );
+}
+
+// ---- spec edits mid-phase ----
+
+#[test]
+fn removing_wait_for_pod_completion_moves_on() {
+    // The pods are still running: only the removed spec lets it go.
+    let pods = [pod("app", "job-1")];
+    let nm = request(Phase::WaitForPodCompletion);
+    let step = run(&nm, CORDONED, Some(&pods), at(3));
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    let step = run(&with_drain(nm, 0), CORDONED, Some(&pods), at(3));
+    assert_eq!(moved_to(&step), Some(Phase::Draining));
+    // Present, it waits.
+    let waiting = with_wait(request(Phase::WaitForPodCompletion), 0);
+    let step = run(&waiting, CORDONED, Some(&pods), at(3));
+    assert_eq!(moved_to(&step), None);
+    assert_eq!(
+        status_writes(&step)[0].status.wait_for_completion,
+        vec!["app/job-1"]
+    );
+}
+
+#[test]
+fn removing_drain_spec_mid_drain_moves_to_ready_without_evicting() {
+    let mut nm = request(Phase::Draining);
+    nm.status.as_mut().expect("status").drain = Some(DrainStatus::default());
+    let pods = [pod("app", "web-1")];
+    let step = run(&nm, CORDONED, Some(&pods), at(3));
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    assert!(evicted(&step).is_empty());
+    assert_eq!(status_writes(&step)[0].status.drain, None);
+}
+
+// ---- Failed conditions ----
+
+#[test]
+fn a_fixed_invalid_spec_clears_its_failed_condition() {
+    let pods = [pod("app", "job-1")];
+    let mut broken = with_wait(request(Phase::WaitForPodCompletion), 0);
+    if let Some(w) = broken.spec.wait_for_pod_completion.as_mut() {
+        w.pod_selector = Some("a in (b".into());
+    }
+    let step = run(&broken, CORDONED, Some(&pods), at(2));
+    assert_eq!(failed_reason(status_writes(&step)[0]), Some("InvalidSpec"));
+    assert_eq!(events(&step), vec![EventReason::InvalidSpec]);
+
+    let fixed = with_condition(
+        with_wait(request(Phase::WaitForPodCompletion), 0),
+        condition_type::FAILED,
+        true,
+        "InvalidSpec",
+    );
+    let step = run(&fixed, CORDONED, Some(&pods), at(3));
+    assert_eq!(failed_reason(status_writes(&step)[0]), None, "{step:?}");
+    // Same in a drain.
+    let fixed = with_condition(
+        with_drain(request(Phase::Draining), 0),
+        condition_type::FAILED,
+        true,
+        "InvalidSpec",
+    );
+    let step = run(&fixed, CORDONED, Some(&pods), at(3));
+    assert_eq!(failed_reason(status_writes(&step)[0]), None, "{step:?}");
+}
+
+#[test]
+fn a_finished_wait_leaves_no_failed_condition() {
+    let nm = with_condition(
+        with_wait(request(Phase::WaitForPodCompletion), 0),
+        condition_type::FAILED,
+        true,
+        "InvalidSpec",
+    );
+    let done = [with_phase(pod("app", "job-1"), "Succeeded")];
+    let step = run(&nm, CORDONED, Some(&done), at(3));
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    assert_eq!(failed_reason(status_writes(&step)[0]), None);
+}
+
+#[test]
+fn an_earlier_failed_never_hides_a_drain_timeout() {
+    let nm = with_condition(
+        with_drain(request(Phase::Draining), 10),
+        condition_type::FAILED,
+        true,
+        "InvalidSpec",
+    );
+    let pods = [pod("app", "web-1")];
+    let step = run(&nm, CORDONED, Some(&pods), at(11));
+    assert_eq!(failed_reason(status_writes(&step)[0]), Some("DrainTimeout"));
+    assert!(events(&step).contains(&EventReason::DrainTimeout));
+    // Reported once: the next step does not report it again.
+    let mut reported = nm.clone();
+    reported.status = Some(status_writes(&step)[0].status.clone());
+    let step = run(&reported, CORDONED, Some(&pods), at(12));
+    assert!(!events(&step).contains(&EventReason::DrainTimeout));
+}
+
+#[test]
+fn a_drain_that_finishes_after_its_timeout_clears_failed() {
+    let nm = with_condition(
+        with_drain(request(Phase::Draining), 10),
+        condition_type::FAILED,
+        true,
+        "DrainTimeout",
+    );
+    let step = run(&nm, CORDONED, Some(&[]), at(100));
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    assert_eq!(failed_reason(status_writes(&step)[0]), None);
+}
+
+// ---- timers ----
+
+#[test]
+fn wait_for_pod_completion_times_out_from_the_phase_start() {
+    let nm = with_wait(request(Phase::WaitForPodCompletion), 60);
+    let pods = [pod("app", "job-1")];
+    let step = run(&nm, CORDONED, Some(&pods), at(30));
+    assert_eq!(moved_to(&step), None);
+    assert_eq!(
+        step.wake_at,
+        Some(after(at(60), Duration::from_millis(100)))
+    );
+    let step = run(&nm, CORDONED, Some(&pods), at(61));
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    assert_eq!(
+        events(&step),
+        vec![EventReason::WaitForPodCompletionTimeout]
+    );
+    // timeoutSeconds 0 waits forever, without a timer.
+    let forever = with_wait(request(Phase::WaitForPodCompletion), 0);
+    let step = run(&forever, CORDONED, Some(&pods), at(100_000));
+    assert_eq!((moved_to(&step), step.wake_at), (None, None));
+}
+
+#[test]
+fn a_wait_needs_the_pod_list_first() {
+    let nm = with_wait(request(Phase::WaitForPodCompletion), 0);
+    let step = run(&nm, CORDONED, None, at(1));
+    assert!(step.watch_pods && step.actions.is_empty());
+    // An empty node (listed) is done.
+    let step = run(&nm, CORDONED, Some(&[]), at(1));
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+}
+
+#[test]
+fn terminated_and_terminating_pods_never_block_the_wait() {
+    let nm = with_wait(request(Phase::WaitForPodCompletion), 0);
+    let pods = [
+        with_phase(pod("app", "done"), "Failed"),
+        terminating(pod("app", "going")),
+    ];
+    assert_eq!(
+        moved_to(&run(&nm, CORDONED, Some(&pods), at(1))),
+        Some(Phase::Ready)
+    );
+}
+
+// ---- draining ----
+
+#[test]
+fn a_drain_evicts_once_and_waits_for_the_pod_to_go() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "web-1"), pod("app", "web-2")];
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert_eq!(evicted(&step), vec!["app/web-1", "app/web-2"]);
+    // The first drain status is written at once.
+    assert_eq!(status_writes(&step).len(), 1);
+    // In flight: no second call.
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert!(evicted(&step).is_empty());
+    ledger.record(
+        "app/web-1",
+        Some("uid-app-web-1"),
+        EvictionOutcome::Evicted,
+        at(1),
+        0.5,
+    );
+    ledger.record(
+        "app/web-2",
+        Some("uid-app-web-2"),
+        EvictionOutcome::Evicted,
+        at(1),
+        0.5,
+    );
+    // Accepted but still there (terminating): no call, not done.
+    let going = [
+        terminating(pod("app", "web-1")),
+        terminating(pod("app", "web-2")),
+    ];
+    let step = run_with(&nm, CORDONED, Some(&going), at(2), &mut ledger);
+    assert!(evicted(&step).is_empty());
+    assert_eq!(moved_to(&step), None);
+    // Gone: Ready.
+    let step = run_with(&nm, CORDONED, Some(&[]), at(3), &mut ledger);
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    assert!(
+        step.actions
+            .iter()
+            .any(|a| matches!(a, Action::DrainFinished { .. }))
+    );
+    assert!(!step.watch_pods);
+}
+
+#[test]
+fn a_refused_eviction_backs_off_and_a_pdb_change_wakes_it() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "web-1"), pod("app", "web-2")];
+    run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    for key in ["app/web-1", "app/web-2"] {
+        ledger.record(
+            key,
+            Some(&format!("uid-{}", key.replace('/', "-"))),
+            EvictionOutcome::Refused {
+                pdb: Some("web".into()),
+                message: "would violate".into(),
+            },
+            at(1),
+            0.5,
+        );
+    }
+    assert_eq!(
+        ledger.blocked_by_pdb(),
+        BTreeMap::from([(("app".to_string(), "web".to_string()), 2)])
+    );
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert!(evicted(&step).is_empty());
+    let blocked = &status_writes(&step)[0]
+        .status
+        .drain
+        .as_ref()
+        .expect("drain")
+        .blocked;
+    assert_eq!(blocked.len(), 2);
+    assert_eq!(blocked[0].reason, "PDB");
+    // The PDB frees one disruption: exactly one pod retries now.
+    let mut tokens = 1;
+    ledger.wake_blocked_by("app", "web", at(1), || {
+        let ok = tokens > 0;
+        tokens -= 1;
+        ok
+    });
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert_eq!(evicted(&step), vec!["app/web-1"]);
+}
+
+#[test]
+fn eviction_backoff_grows_and_is_bounded() {
+    let min = retry_delay(1, 0.5);
+    assert_eq!(min, EVICTION_MIN_BACKOFF);
+    assert_eq!(retry_delay(2, 0.5), EVICTION_MIN_BACKOFF * 2);
+    assert_eq!(retry_delay(40, 0.5), EVICTION_MAX_BACKOFF);
+    assert!(retry_delay(1, 0.0) < retry_delay(1, 0.99));
+}
+
+#[test]
+fn after_the_drain_timeout_retries_go_slow() {
+    let nm = with_drain(request(Phase::Draining), 10);
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "web-1")];
+    run_with(&nm, CORDONED, Some(&pods), at(20), &mut ledger);
+    ledger.record(
+        "app/web-1",
+        Some("uid-app-web-1"),
+        EvictionOutcome::Refused {
+            pdb: Some("web".into()),
+            message: "no".into(),
+        },
+        at(20),
+        0.5,
+    );
+    assert_eq!(
+        ledger.evictions["app/web-1"].next_attempt,
+        after(at(20), SLOW_RETRY)
+    );
+}
+
+#[test]
+fn the_drain_timeout_wakes_the_step() {
+    let nm = with_drain(request(Phase::Draining), 300);
+    let pods = [pod("app", "web-1")];
+    let step = run(&nm, CORDONED, Some(&pods), at(298));
+    // The heartbeat (5 s) comes after the deadline here: the deadline wins.
+    assert_eq!(
+        step.wake_at,
+        Some(after(at(300), Duration::from_millis(100)))
+    );
+}
+
+#[test]
+fn pods_that_arrive_during_the_drain_are_evicted_but_never_hold_it() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger::default();
+    let old = created_at(pod("app", "old"), at(-60));
+    let newcomer = created_at(pod("app", "rebound"), at(30));
+    let step = run_with(
+        &nm,
+        CORDONED,
+        Some(&[old.clone(), newcomer.clone()]),
+        at(31),
+        &mut ledger,
+    );
+    assert_eq!(evicted(&step), vec!["app/old", "app/rebound"]);
+    let drain = status_writes(&step)[0].status.drain.clone().expect("drain");
+    assert_eq!(drain.wait_for_eviction, vec!["app/old"]);
+    // The pod present at the start is gone; a controller keeps re-binding the other: done.
+    let again = created_at(pod("app", "rebound"), at(40));
+    let step = run_with(&nm, CORDONED, Some(&[again]), at(41), &mut ledger);
+    assert_eq!(moved_to(&step), Some(Phase::Ready), "{step:?}");
+}
+
+#[test]
+fn a_restart_resumes_from_the_object() {
+    // The status says 10 pods were to be evicted; a fresh ledger must not shrink the counts,
+    // and a pod evicted before the restart (terminating) is waited for, not evicted again.
+    let mut nm = with_drain(request(Phase::Draining), 0);
+    nm.status.as_mut().expect("status").drain = Some(DrainStatus {
+        total_pods: 12,
+        eviction_pods: 10,
+        drain_progress: 90,
+        wait_for_eviction: vec!["app/web-1".into()],
+        blocked: Vec::new(),
+    });
+    let pods = [terminating(pod("app", "web-1"))];
+    let step = run(&nm, CORDONED, Some(&pods), at(50));
+    assert!(evicted(&step).is_empty());
+    assert_eq!(moved_to(&step), None);
+    // Nothing changed since the status was written, except the blocked reason.
+    let drain = status_writes(&step)[0].status.drain.clone().expect("drain");
+    assert_eq!((drain.total_pods, drain.eviction_pods), (12, 10));
+    assert_eq!(drain.blocked[0].reason, "Terminating");
+}
+
+#[test]
+fn drain_status_writes_are_throttled() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "a"), pod("app", "b")];
+    let first = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    let mut written = nm.clone();
+    written.status = Some(status_writes(&first)[0].status.clone());
+    ledger.last_status_write = Some(at(1));
+    // Progress half a second later: held back, woken when the interval has passed.
+    let now = after(at(1), Duration::from_millis(500));
+    let step = run_with(&written, CORDONED, Some(&pods[..1]), now, &mut ledger);
+    assert!(status_writes(&step).is_empty());
+    assert_eq!(step.wake_at, Some(after(at(1), STATUS_WRITE_INTERVAL)));
+    // A second later it is written.
+    let step = run_with(&written, CORDONED, Some(&pods[..1]), at(2), &mut ledger);
+    assert_eq!(status_writes(&step).len(), 1);
+}
+
+#[test]
+fn bare_pods_are_blocked_until_force() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let pods = [bare("app", "manual")];
+    let step = run(&nm, CORDONED, Some(&pods), at(1));
+    assert!(evicted(&step).is_empty());
+    let drain = status_writes(&step)[0].status.drain.clone().expect("drain");
+    assert_eq!(drain.blocked[0].reason, "NeedsForce");
+    let mut forced = nm.clone();
+    if let Some(d) = forced.spec.drain_spec.as_mut() {
+        d.force = Some(true);
+    }
+    assert_eq!(
+        evicted(&run(&forced, CORDONED, Some(&pods), at(2))),
+        vec!["app/manual"]
+    );
+}
+
+#[test]
+fn the_progress_gauge_is_reported_only_while_draining() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let pods = [pod("app", "web-1")];
+    assert_eq!(
+        run(&nm, CORDONED, Some(&pods), at(1)).last_progress,
+        Some(at(1))
+    );
+    assert_eq!(
+        run(&request(Phase::Ready), CORDONED, None, at(1)).last_progress,
+        None
+    );
+}
+
+#[test]
+fn newer_versions_only_move_forward() {
+    let mut old = request(Phase::Draining);
+    old.metadata.resource_version = Some("9".into());
+    let current = request(Phase::Draining);
+    assert!(!is_newer_version(&old, &current));
+    assert!(is_newer_version(&current, &old));
+}
