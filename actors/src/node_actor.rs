@@ -180,9 +180,13 @@ impl Actor for NodeActor {
                 let delay =
                     Duration::from_millis((250u64 << state.consecutive_errors.min(7)).min(30_000));
                 if is_conflict(&err) {
-                    // Someone else wrote the object: read it again and go on.
-                    refresh(state).await;
-                    state.schedule_step(&myself, Duration::ZERO);
+                    // Someone else wrote the object: read it again and go on; a request that is
+                    // gone meanwhile (our finalizer was the last) needs nothing more.
+                    if refresh(state).await {
+                        state.schedule_step(&myself, Duration::ZERO);
+                    } else {
+                        myself.stop(Some("request gone".into()));
+                    }
                 } else {
                     tracing::warn!(request = %state.key(), node = %state.node(), error = %err, retry_in = ?delay, "maintenance step failed; retrying");
                     state.ctx.error("node_step");
@@ -194,11 +198,19 @@ impl Actor for NodeActor {
     }
 }
 
-async fn refresh(state: &mut NodeState) {
+/// Reads the request again; false when it no longer exists.
+async fn refresh(state: &mut NodeState) -> bool {
     match request_api(state).get_opt(&state.request.name_any()).await {
-        Ok(Some(fresh)) => state.request = Arc::new(fresh),
-        Ok(None) => {}
-        Err(err) => tracing::warn!(request = %state.key(), %err, "could not re-read request"),
+        // A request re-created under the same name is another request, with its own actor.
+        Ok(Some(fresh)) if fresh.uid() == state.request.uid() => {
+            state.request = Arc::new(fresh);
+            true
+        }
+        Ok(_) => false,
+        Err(err) => {
+            tracing::warn!(request = %state.key(), %err, "could not re-read request");
+            true
+        }
     }
 }
 

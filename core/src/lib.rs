@@ -12,4 +12,5 @@ mod fixtures;
 pub mod label_selector;
 pub mod lifecycle;
 pub mod ownership;
+pub mod plan_input;
 pub mod scheduler;
