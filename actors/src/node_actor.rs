@@ -331,6 +331,11 @@ async fn execute(
                     .await?;
                 state.request = Arc::new(updated);
             }
+            Action::AddFinalizer => {
+                let mut finalizers = state.request.finalizers().to_vec();
+                finalizers.push(FINALIZER.to_string());
+                state.request = Arc::new(patch_finalizers(state, finalizers).await?);
+            }
             Action::Cordon => set_unschedulable(state, true).await?,
             Action::Uncordon => set_unschedulable(state, false).await?,
             Action::Evict(orders) => {
@@ -421,24 +426,32 @@ async fn remove_finalizer(state: &NodeState) -> Result<(), kube::Error> {
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
+    match patch_finalizers(state, finalizers).await {
+        Ok(_) => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// Replaces the finalizer list, guarded by the resourceVersion we read: a merge patch replaces
+/// the whole list, so a concurrent edit by the requestor must conflict, not be overwritten.
+async fn patch_finalizers(
+    state: &NodeState,
+    finalizers: Vec<String>,
+) -> Result<NodeMaintenance, kube::Error> {
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": state.request.resource_version(),
             "finalizers": finalizers,
         }
     });
-    match request_api(state)
+    request_api(state)
         .patch(
             &state.request.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
         )
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(err) if is_not_found(&err) => Ok(()),
-        Err(err) => Err(err),
-    }
 }
 
 fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {

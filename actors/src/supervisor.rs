@@ -605,6 +605,10 @@ async fn sync_actors(
             if state.forwarded.get(&uid) != Some(&version) {
                 state.forwarded.insert(uid.clone(), version);
                 let _ = actor.cast(NodeMsg::Updated(request.clone()));
+            } else if !node_exists {
+                // The node went away: a request that waits for nothing else (Ready) must still
+                // see it at once to release the node's slot.
+                let _ = actor.cast(NodeMsg::Step);
             }
             continue;
         }

@@ -70,6 +70,8 @@ pub enum Action {
     RecordInitialState {
         unschedulable: bool,
     },
+    /// Put our finalizer on the request, so that its deletion waits for the cleanup.
+    AddFinalizer,
     Cordon,
     Uncordon,
     /// Start these eviction calls (each answer comes back through [`Ledger::record`]).
@@ -511,14 +513,31 @@ pub fn step(
     now: Timestamp,
     ledger: &mut Ledger,
 ) -> Step {
-    if request.is_deleting() {
-        ledger.clear();
-        return on_deletion(request, observed, now);
-    }
+    // A gone node first: nothing is left to uncordon, and nothing may hold the release, not even
+    // additionalRequestors (NVIDIA's `Reconcile` looks the node up before anything else).
     if observed.node == NodeView::Missing {
         ledger.clear();
         return on_node_gone(request, now);
     }
+    if request.is_deleting() {
+        ledger.clear();
+        return on_deletion(request, observed, now);
+    }
+    let mut step = step_in_phase(request, observed, now, ledger);
+    // Work past Pending needs our finalizer, or a deletion would skip the uncordon. The
+    // supervisor adds it at admission; an object whose phase another tool wrote gets it here.
+    if request.phase() != Phase::Pending && !has_finalizer(request) {
+        step.actions.insert(0, Action::AddFinalizer);
+    }
+    step
+}
+
+fn step_in_phase(
+    request: &NodeMaintenance,
+    observed: &Observed<'_>,
+    now: Timestamp,
+    ledger: &mut Ledger,
+) -> Step {
     let phase = request.phase();
     let requestor_failed = conditions::requestor_failed(request);
     // Unlike NVIDIA's controller, which looks at RequestorFailed only once Ready, a requestor may
