@@ -3,7 +3,7 @@ SHELL := /bin/bash
 TESTBED := tests/testbed/testbed
 BIN_DIR := $(shell $(TESTBED) bin-dir 2>/dev/null)
 
-.PHONY: demo test testbed unit lint
+.PHONY: demo test testbed unit lint image lint-release
 
 ## The demo: a local control plane with simulated nodes, the operator, a rolling maintenance.
 demo: testbed
@@ -26,3 +26,13 @@ unit:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
+
+## The operator image as an OCI archive, target/image/maintenance-operator-<version>.oci.tar: a
+## static musl binary FROM scratch, built with buildah (no Docker engine needed).
+image:
+	deploy/build-image.sh
+
+## The release files checked by their own validators: the krew manifest (krew's
+## validate-krew-manifest) and the GitHub workflows (actionlint).
+lint-release:
+	deploy/lint-release.sh

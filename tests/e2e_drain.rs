@@ -211,31 +211,6 @@ fn assert_drain_counts(d: &DrainStatus, total_pods: i32, eviction_pods: i32) {
     );
 }
 
-/// Waits until the request satisfies `ok`; the timeout error shows its last phase and status.
-async fn wait_request(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-    ok: impl Fn(&NodeMaintenance) -> bool,
-) -> Result<NodeMaintenance> {
-    wait_until(what, timeout, || async {
-        let Some(request) = get_request(client, ns, name).await? else {
-            return Ok(Check::Pending(format!("{ns}/{name} does not exist")));
-        };
-        if ok(&request) {
-            return Ok(Check::Done(request));
-        }
-        Ok(Check::Pending(format!(
-            "phase {}, status {:?}",
-            request.phase(),
-            request.status
-        )))
-    })
-    .await
-}
-
 /// The events of a request, oldest first.
 async fn events_of(client: &Client, ns: &str, request: &str) -> Result<Vec<Event>> {
     let lp = ListParams::default().fields(&format!("regarding.name={request}"));

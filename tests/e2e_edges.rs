@@ -44,47 +44,6 @@ async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-/// Phase, conditions, deletion and finalizers: what a timeout error should show.
-fn describe(r: &NodeMaintenance) -> String {
-    let conditions: Vec<String> = r
-        .status
-        .iter()
-        .flat_map(|s| s.conditions.iter())
-        .map(|c| format!("{}={} {} {:?}", c.type_, c.status, c.reason, c.message))
-        .collect();
-    format!(
-        "phase {}, conditions [{}], deleting {}, finalizers {:?}",
-        r.phase(),
-        conditions.join("; "),
-        r.is_deleting(),
-        r.finalizers()
-    )
-}
-
-/// Waits until the request exists and `done` holds for it.
-async fn wait_request(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-    done: impl Fn(&NodeMaintenance) -> bool,
-) -> Result<NodeMaintenance> {
-    let done = &done;
-    wait_until(
-        &format!("NodeMaintenance {ns}/{name}: {what}"),
-        timeout,
-        || async move {
-            Ok(match get_request(client, ns, name).await? {
-                Some(r) if done(&r) => Check::Done(r),
-                Some(r) => Check::Pending(describe(&r)),
-                None => Check::Pending("the request is gone".into()),
-            })
-        },
-    )
-    .await
-}
-
 fn failed_reason(r: &NodeMaintenance) -> Option<&str> {
     r.condition(condition_type::FAILED)
         .map(|c| c.reason.as_str())

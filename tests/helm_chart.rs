@@ -12,23 +12,21 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::config::Kubeconfig;
-use serde::Deserialize;
 use serde_json::{Value, json};
-use support::operator::Operator;
+use support::chart::*;
+use support::operator::{Operator, service_account_kubeconfig};
 use support::*;
 
 const NAMESPACE: &str = "maintenance-operator";
@@ -39,41 +37,8 @@ const MINUTE: Duration = Duration::from_secs(60);
 // ---------------------------------------------------------------------------------------------
 // Files and tools
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn chart_dir() -> PathBuf {
-    repo().join("deploy/chart/maintenance-operator")
-}
-
-fn manifests_path() -> PathBuf {
-    repo().join("deploy/manifests/maintenance-operator.yaml")
-}
-
-fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
-}
-
 fn updating() -> bool {
     std::env::var_os("MO_UPDATE_MANIFESTS").is_some_and(|v| !v.is_empty() && v != "0")
-}
-
-/// Runs a command to completion; fails with its output unless it succeeds.
-fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("starting {cmd:?}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}):\n{stdout}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(stdout)
 }
 
 /// helm, installed once per machine by deploy/install-helm.sh.
@@ -95,17 +60,6 @@ fn render_text(extra: &[&str]) -> Result<String> {
         .arg(chart_dir())
         .args(["--namespace", NAMESPACE, "--include-crds"])
         .args(extra))
-}
-
-fn parse_docs(text: &str) -> Result<Vec<Value>> {
-    let mut docs = Vec::new();
-    for doc in serde_norway::Deserializer::from_str(text) {
-        let value = Value::deserialize(doc).context("parsing rendered YAML")?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
 }
 
 fn render(extra: &[&str]) -> Result<Vec<Value>> {
@@ -654,48 +608,6 @@ fn checked_in_manifests_are_up_to_date() -> Result<()> {
 /// The e2e tests share one testbed and the cluster-wide objects of the chart: one at a time.
 static E2E: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn kubectl(testbed: &Testbed) -> Command {
-    let mut cmd = Command::new("kubectl");
-    cmd.arg("--kubeconfig").arg(testbed.kubeconfig_path());
-    cmd
-}
-
-/// Installs the checked-in manifests the way deploy/README.md tells kubectl users to, with the
-/// Deployment scaled to 0 (the testbed runs no images). Returns the objects applied.
-fn install_manifests(testbed: &Testbed, dir: &Path) -> Result<Vec<Value>> {
-    let mut docs = parse_docs(&read(&manifests_path())?)?;
-    for doc in &mut docs {
-        if doc["kind"] == "Deployment" {
-            doc["spec"]["replicas"] = json!(0);
-        }
-    }
-    let file = dir.join("maintenance-operator.yaml");
-    let text: Vec<String> = docs
-        .iter()
-        .map(serde_norway::to_string)
-        .collect::<Result<_, _>>()?;
-    std::fs::write(&file, text.join("---\n"))?;
-
-    let crds = chart_dir().join("crds/crds.yaml");
-    run(kubectl(testbed)
-        .args(["apply", "--server-side", "--force-conflicts", "-f"])
-        .arg(&crds))?;
-    run(kubectl(testbed)
-        .args([
-            "wait",
-            "--for",
-            "condition=established",
-            "--timeout",
-            "60s",
-            "-f",
-        ])
-        .arg(&crds))?;
-    run(kubectl(testbed)
-        .args(["apply", "--server-side", "--force-conflicts", "-f"])
-        .arg(&file))?;
-    Ok(docs)
-}
-
 #[tokio::test]
 async fn rendered_manifests_apply_to_a_real_control_plane() -> Result<()> {
     let _one = E2E.lock().await;
@@ -779,44 +691,6 @@ fn request_resource() -> ApiResource {
         kind: "NodeMaintenance".into(),
         plural: "nodemaintenances".into(),
     }
-}
-
-/// A kubeconfig for the testbed whose only credential is a token of the chart's ServiceAccount.
-async fn service_account_kubeconfig(testbed: &Testbed, path: &Path) -> Result<()> {
-    let sas: Api<ServiceAccount> = Api::namespaced(testbed.client().await?, NAMESPACE);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let token = sas
-        .create_token_request(NAME, &PostParams::default(), &request)
-        .await
-        .context("requesting a token for the chart's ServiceAccount")?
-        .status
-        .context("TokenRequest without status")?
-        .token;
-    let admin = Kubeconfig::read_from(testbed.kubeconfig_path())?;
-    let cluster = admin
-        .clusters
-        .first()
-        .and_then(|c| c.cluster.clone())
-        .context("the testbed kubeconfig names no cluster")?;
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "testbed", "cluster": {
-            "server": cluster.server,
-            "certificate-authority-data": cluster.certificate_authority_data,
-        }}],
-        "users": [{"name": NAME, "user": {"token": token}}],
-        "contexts": [{"name": NAME, "context": {"cluster": "testbed", "user": NAME}}],
-        "current-context": NAME,
-    });
-    std::fs::write(path, serde_norway::to_string(&config)?)?;
-    Ok(())
 }
 
 /// The last lines of the operator's log, for a failure message.
@@ -958,7 +832,7 @@ async fn operator_runs_with_only_the_chart_rbac() -> Result<()> {
     install_manifests(testbed, dir.path())?;
 
     let kubeconfig = dir.path().join("operator.kubeconfig");
-    service_account_kubeconfig(testbed, &kubeconfig).await?;
+    service_account_kubeconfig(testbed, NAMESPACE, NAME, &kubeconfig).await?;
     let operator = Operator::start_with_kubeconfig(
         &kubeconfig,
         dir.path(),

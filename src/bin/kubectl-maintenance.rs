@@ -29,13 +29,31 @@
 //! A rollout keeps its state on the cluster: the requests, and the Node annotation
 //! `maintenance.nvidia.com/rollout-<requestor>=done` on each finished node (removed when the
 //! rollout completes). Run the same command again to resume after Ctrl-C or a failure.
+//!
+//! Shell completion: kubectl runs `kubectl_complete-maintenance` from `PATH` on
+//! `kubectl maintenance <TAB>`. That is a binary of its own, or a symbolic link of that name to
+//! this one: called by that name, this binary answers the completion request instead.
 
+use std::io::Write as _;
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
-use maintenance_operator::kubectl::{self, Cli};
+use maintenance_operator::kubectl::{self, Cli, complete};
 
 fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    let called_as = args.next().unwrap_or_default();
+    if Path::new(&called_as)
+        .file_name()
+        .is_some_and(|name| name.to_string_lossy().starts_with("kubectl_complete-"))
+    {
+        let out = complete::complete(args.collect());
+        return match std::io::stdout().write_all(out.as_bytes()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(2),
+        };
+    }
     let cli = Cli::parse();
     if let Some(path) = &cli.global.kubeconfig {
         if !path.is_file() {

@@ -5,6 +5,7 @@
 //! node during a rollout), so every command can be interrupted and run again.
 
 mod board;
+pub mod complete;
 mod names;
 mod preflight;
 mod request;

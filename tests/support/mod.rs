@@ -1057,4 +1057,5 @@ pub fn api_error(err: &kube::Error) -> Option<(u16, &str)> {
     }
 }
 pub mod audit;
+pub mod chart;
 pub mod operator;

@@ -16,7 +16,7 @@ use maintenance_crds::{
     NodeMaintenanceSpec, Phase,
 };
 
-use super::{Testbed, wait_for};
+use super::{Check, Testbed, wait_for, wait_until};
 
 /// The namespace the operator runs in during tests (as the chart installs it).
 pub const OPERATOR_NAMESPACE: &str = "maintenance-operator";
@@ -28,6 +28,9 @@ pub struct Operator {
     pub log: PathBuf,
     args: Vec<String>,
     kubeconfig: PathBuf,
+    /// The command up to and including `run` (e.g. the image's entrypoint in a chroot); the
+    /// operator binary of this build when `None`.
+    launcher: Option<Vec<std::ffi::OsString>>,
 }
 
 fn free_port() -> Result<u16> {
@@ -72,8 +75,31 @@ impl Operator {
             log: PathBuf::new(),
             args: extra.iter().map(|s| s.to_string()).collect(),
             kubeconfig: kubeconfig.to_path_buf(),
+            launcher: None,
         };
         op.log = log_dir.join(format!("operator-{}.log", super::unique_name("op")));
+        op.spawn()?;
+        op.wait_ready().await?;
+        Ok(op)
+    }
+
+    /// Starts the operator with `launcher`: the program and its arguments up to and including
+    /// `run` (the options of [`Operator::start`] and `extra` follow). The launcher decides where
+    /// the process finds its credentials; KUBECONFIG is set to `kubeconfig` all the same.
+    pub async fn start_launched(
+        launcher: Vec<std::ffi::OsString>,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+    ) -> Result<Operator> {
+        let mut op = Operator {
+            child: None,
+            metrics_port: 0,
+            log: log_dir.join(format!("operator-{}.log", super::unique_name("op"))),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            kubeconfig: kubeconfig.to_path_buf(),
+            launcher: Some(launcher),
+        };
         op.spawn()?;
         op.wait_ready().await?;
         Ok(op)
@@ -89,8 +115,19 @@ impl Operator {
         // `MAINTENANCE_OPERATOR_BIN` runs another build (e.g. an older commit) against the tests.
         let binary = std::env::var_os("MAINTENANCE_OPERATOR_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_maintenance-operator").into());
-        let child = Command::new(binary)
-            .arg("run")
+        let mut command = match self.launcher.as_deref() {
+            Some([program, args @ ..]) => {
+                let mut command = Command::new(program);
+                command.args(args);
+                command
+            }
+            _ => {
+                let mut command = Command::new(binary);
+                command.arg("run");
+                command
+            }
+        };
+        let child = command
             .arg("--namespace")
             .arg(OPERATOR_NAMESPACE)
             .arg("--metrics-addr")
@@ -574,4 +611,45 @@ pub async fn isolated_setup(
     let nodes = super::create_nodes(&client, &super::unique_name(prefix), count, &[]).await?;
     super::wait_nodes_ready(&client, &nodes, timeout).await?;
     Ok((client, ns, nodes))
+}
+
+/// Phase, conditions, deletion and finalizers: what a timeout error should show.
+pub fn describe(r: &NodeMaintenance) -> String {
+    let conditions: Vec<String> = r
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .map(|c| format!("{}={} {} {:?}", c.type_, c.status, c.reason, c.message))
+        .collect();
+    format!(
+        "phase {}, conditions [{}], deleting {}, finalizers {:?}",
+        r.phase(),
+        conditions.join("; "),
+        r.is_deleting(),
+        r.finalizers()
+    )
+}
+
+/// Waits until the request exists and `done` holds for it.
+pub async fn wait_request(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    done: impl Fn(&NodeMaintenance) -> bool,
+) -> Result<NodeMaintenance> {
+    let done = &done;
+    wait_until(
+        &format!("NodeMaintenance {ns}/{name}: {what}"),
+        timeout,
+        || async move {
+            Ok(match get_request(client, ns, name).await? {
+                Some(r) if done(&r) => Check::Done(r),
+                Some(r) => Check::Pending(describe(&r)),
+                None => Check::Pending("the request is gone".into()),
+            })
+        },
+    )
+    .await
 }

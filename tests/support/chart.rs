@@ -1,0 +1,97 @@
+//! The Helm chart's files and the checked-in manifests rendered from it, as the tests install them
+//! (tests/helm_chart.rs, tests/image.rs).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::Testbed;
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn chart_dir() -> PathBuf {
+    repo().join("deploy/chart/maintenance-operator")
+}
+
+pub fn manifests_path() -> PathBuf {
+    repo().join("deploy/manifests/maintenance-operator.yaml")
+}
+
+pub fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Runs a command to completion; fails with its output unless it succeeds.
+pub fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+pub fn parse_docs(text: &str) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).context("parsing rendered YAML")?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+pub fn kubectl(testbed: &Testbed) -> Command {
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--kubeconfig").arg(testbed.kubeconfig_path());
+    cmd
+}
+
+/// Installs the checked-in manifests the way deploy/README.md tells kubectl users to, with the
+/// Deployment scaled to 0 (the testbed runs no images). Returns the objects applied.
+pub fn install_manifests(testbed: &Testbed, dir: &Path) -> Result<Vec<Value>> {
+    let mut docs = parse_docs(&read(&manifests_path())?)?;
+    for doc in &mut docs {
+        if doc["kind"] == "Deployment" {
+            doc["spec"]["replicas"] = json!(0);
+        }
+    }
+    let file = dir.join("maintenance-operator.yaml");
+    let text: Vec<String> = docs
+        .iter()
+        .map(serde_norway::to_string)
+        .collect::<Result<_, _>>()?;
+    std::fs::write(&file, text.join("---\n"))?;
+
+    let crds = chart_dir().join("crds/crds.yaml");
+    run(kubectl(testbed)
+        .args(["apply", "--server-side", "--force-conflicts", "-f"])
+        .arg(&crds))?;
+    run(kubectl(testbed)
+        .args([
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout",
+            "60s",
+            "-f",
+        ])
+        .arg(&crds))?;
+    run(kubectl(testbed)
+        .args(["apply", "--server-side", "--force-conflicts", "-f"])
+        .arg(&file))?;
+    Ok(docs)
+}
