@@ -380,13 +380,19 @@ impl Ledger {
     }
 }
 
-/// Exponential backoff (×2 from [`EVICTION_MIN_BACKOFF`] up to [`EVICTION_MAX_BACKOFF`]) with a
-/// jitter of ±50% so that pods refused together do not retry together.
+/// Exponential backoff (×2 from [`EVICTION_MIN_BACKOFF`] up to [`EVICTION_MAX_BACKOFF`], backon's
+/// schedule without its random jitter, which a pure step cannot draw) scaled by 0.5–1.5 from the
+/// caller's `jitter`, so that pods refused together do not retry together.
 pub fn retry_delay(attempts: u32, jitter: f64) -> Duration {
-    let exponent = attempts.saturating_sub(1).min(16);
-    let base = EVICTION_MIN_BACKOFF
-        .saturating_mul(1u32 << exponent)
-        .min(EVICTION_MAX_BACKOFF);
+    use backon::BackoffBuilder;
+    let base = backon::ExponentialBuilder::default()
+        .with_min_delay(EVICTION_MIN_BACKOFF)
+        .with_max_delay(EVICTION_MAX_BACKOFF)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+        .nth(usize::try_from(attempts.saturating_sub(1).min(32)).unwrap_or(0))
+        .unwrap_or(EVICTION_MAX_BACKOFF);
     base.mul_f64(0.5 + jitter.clamp(0.0, 1.0))
 }
 
