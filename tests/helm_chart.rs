@@ -856,18 +856,7 @@ async fn operator_runs_with_only_the_chart_rbac() -> Result<()> {
 }
 
 async fn rbac_lifecycle(client: &kube::Client, operator: &Operator) -> Result<()> {
-    let ns = unique_name("rbac");
-    create_namespace(client, &ns).await?;
-    let prefix = unique_name("rbacnode");
-    let nodes = create_nodes(client, &prefix, 2, &[]).await?;
-    wait_nodes_ready(client, &nodes, 2 * MINUTE).await?;
-    let pod = PodSpecOptions {
-        termination_grace_period_seconds: Some(1),
-        ..PodSpecOptions::on_nodes_with_prefix(&prefix)
-    };
-    create_deployment(client, &ns, "web", 2, &[("app", "web")], &pod).await?;
-    let pods = wait_pods_ready(client, &ns, "app=web", 2, 2 * MINUTE).await?;
-    let first = pod_node(&pods[0]).context("pod without node")?.to_string();
+    let (ns, first) = two_nodes_with_a_web_deployment(client, "rbac").await?;
     let requests = Requests {
         client: client.clone(),
         api: Api::namespaced_with(client.clone(), &ns, &request_resource()),

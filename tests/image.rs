@@ -427,18 +427,7 @@ async fn operator_from_the_image_runs_a_maintenance_with_the_chart_rbac() -> Res
 }
 
 async fn maintenance(client: &kube::Client) -> Result<()> {
-    let ns = unique_name("image");
-    create_namespace(client, &ns).await?;
-    let prefix = unique_name("imgnode");
-    let nodes = create_nodes(client, &prefix, 2, &[]).await?;
-    wait_nodes_ready(client, &nodes, 2 * MINUTE).await?;
-    let pod = PodSpecOptions {
-        termination_grace_period_seconds: Some(1),
-        ..PodSpecOptions::on_nodes_with_prefix(&prefix)
-    };
-    create_deployment(client, &ns, "web", 2, &[("app", "web")], &pod).await?;
-    let pods = wait_pods_ready(client, &ns, "app=web", 2, 2 * MINUTE).await?;
-    let node = pod_node(&pods[0]).context("pod without node")?.to_string();
+    let (ns, node) = two_nodes_with_a_web_deployment(client, "image").await?;
 
     let mut spec = request_spec(&node, "image-test.maintenance.nvidia.com");
     spec.drain_spec = drain_spec(true, 0);

@@ -95,3 +95,29 @@ pub fn install_manifests(testbed: &Testbed, dir: &Path) -> Result<Vec<Value>> {
         .arg(&file))?;
     Ok(docs)
 }
+
+/// A namespace and two fresh nodes running a two-replica Deployment `web` (label `app=web`) with
+/// a short grace period: the workload of a full maintenance. Returns the namespace and the node
+/// of one of the pods.
+pub async fn two_nodes_with_a_web_deployment(
+    client: &kube::Client,
+    prefix: &str,
+) -> anyhow::Result<(String, String)> {
+    use anyhow::Context as _;
+    let ns = super::unique_name(prefix);
+    super::create_namespace(client, &ns).await?;
+    let node_prefix = super::unique_name(&format!("{prefix}node"));
+    let nodes = super::create_nodes(client, &node_prefix, 2, &[]).await?;
+    let two_minutes = std::time::Duration::from_secs(120);
+    super::wait_nodes_ready(client, &nodes, two_minutes).await?;
+    let pod = super::PodSpecOptions {
+        termination_grace_period_seconds: Some(1),
+        ..super::PodSpecOptions::on_nodes_with_prefix(&node_prefix)
+    };
+    super::create_deployment(client, &ns, "web", 2, &[("app", "web")], &pod).await?;
+    let pods = super::wait_pods_ready(client, &ns, "app=web", 2, two_minutes).await?;
+    let node = super::pod_node(&pods[0])
+        .context("pod without node")?
+        .to_string();
+    Ok((ns, node))
+}
