@@ -69,18 +69,7 @@ impl Operator {
         log_dir: &Path,
         extra: &[&str],
     ) -> Result<Operator> {
-        let mut op = Operator {
-            child: None,
-            metrics_port: 0,
-            log: PathBuf::new(),
-            args: extra.iter().map(|s| s.to_string()).collect(),
-            kubeconfig: kubeconfig.to_path_buf(),
-            launcher: None,
-        };
-        op.log = log_dir.join(format!("operator-{}.log", super::unique_name("op")));
-        op.spawn()?;
-        op.wait_ready().await?;
-        Ok(op)
+        Operator::launch(None, kubeconfig, log_dir, extra).await
     }
 
     /// Starts the operator with `launcher`: the program and its arguments up to and including
@@ -92,13 +81,22 @@ impl Operator {
         log_dir: &Path,
         extra: &[&str],
     ) -> Result<Operator> {
+        Operator::launch(Some(launcher), kubeconfig, log_dir, extra).await
+    }
+
+    async fn launch(
+        launcher: Option<Vec<std::ffi::OsString>>,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+    ) -> Result<Operator> {
         let mut op = Operator {
             child: None,
             metrics_port: 0,
             log: log_dir.join(format!("operator-{}.log", super::unique_name("op"))),
             args: extra.iter().map(|s| s.to_string()).collect(),
             kubeconfig: kubeconfig.to_path_buf(),
-            launcher: Some(launcher),
+            launcher,
         };
         op.spawn()?;
         op.wait_ready().await?;
