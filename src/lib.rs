@@ -6,6 +6,7 @@ pub mod kubectl;
 pub mod leader;
 pub mod plan;
 pub mod run;
+pub mod webhook;
 
 use kube::api::{Api, ListParams};
 

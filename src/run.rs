@@ -31,18 +31,30 @@ pub struct RunArgs {
     /// Safety-net period of the scheduling round, in seconds (changes trigger it at once).
     #[arg(long, default_value_t = 10)]
     pub tick_seconds: u64,
+    /// A Pending request for a node that does not exist is deleted this many seconds after its
+    /// creation (the webhook refuses such requests; this covers those it did not see).
+    #[arg(long, default_value_t = 300)]
+    pub missing_node_grace_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
     /// Elect a leader through a Lease so that several replicas can run; only the leader acts.
     #[arg(long, env = "LEADER_ELECT")]
     pub leader_elect: bool,
-    /// Name of the Lease (in --namespace) used for leader election.
+    /// Name of the Lease (in --lease-namespace) used for leader election. During a migration from
+    /// NVIDIA's operator, `a9620a8f.nvidia.com` (its controller-runtime LeaderElectionID) makes
+    /// both compete for one Lease, so they never act at once.
     #[arg(long, default_value = "maintenance-operator")]
     pub lease_name: String,
+    /// Namespace of the Lease; default: --namespace. NVIDIA's operator keeps its Lease in the
+    /// namespace it runs in.
+    #[arg(long)]
+    pub lease_namespace: Option<String>,
     /// How long a leader's lease lasts without renewal, in seconds (a standby takes over after it).
     #[arg(long, default_value_t = 15)]
     pub lease_duration_seconds: u64,
+    #[command(flatten)]
+    pub webhook: crate::webhook::WebhookArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -125,6 +137,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Duration::from_secs(args.tick_seconds.max(1)),
     );
     ctx.set_log_level = set_log_level;
+    ctx.missing_node_grace = Duration::from_secs(args.missing_node_grace_seconds);
     let ctx = Arc::new(ctx);
 
     let probe_ctx = ctx.clone();
@@ -134,7 +147,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         // A standby is ready: it is doing its job (waiting), and must not block a rollout.
         ready: Box::new(move || probe_ctx.is_synced() || (standby && !probe_ctx.is_leading())),
     });
-    let mut server = tokio::spawn(http::serve(args.metrics_addr, probes));
+    // Every replica serves the webhook, standbys too: the API server calls any pod of the Service.
+    let webhook =
+        crate::webhook::Webhook::from_args(&args.webhook, ctx.client.clone(), metrics.clone())
+            .await?;
+    let mut server = tokio::spawn(crate::webhook::serve_beside(
+        http::serve(args.metrics_addr, probes),
+        webhook,
+    ));
 
     let elector = args.leader_elect.then(|| {
         let identity = args
@@ -143,14 +163,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         LeaderElector::new(
             ctx.client.clone(),
-            &args.namespace,
+            args.lease_namespace.as_deref().unwrap_or(&args.namespace),
             &args.lease_name,
             identity,
             Duration::from_secs(args.lease_duration_seconds.max(2)),
         )
     });
     if let Some(elector) = &elector {
-        tracing::info!(identity = %elector.identity(), lease = %args.lease_name, "waiting to become leader");
+        tracing::info!(identity = %elector.identity(), lease = %elector.describe(), "waiting to become leader");
         tokio::select! {
             _ = elector.acquire() => {}
             _ = shutdown_signal() => return Ok(()),

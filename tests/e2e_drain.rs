@@ -213,13 +213,7 @@ fn assert_drain_counts(d: &DrainStatus, total_pods: i32, eviction_pods: i32) {
 
 /// The events of a request, oldest first.
 async fn events_of(client: &Client, ns: &str, request: &str) -> Result<Vec<Event>> {
-    let lp = ListParams::default().fields(&format!("regarding.name={request}"));
-    let mut events = Api::<Event>::namespaced(client.clone(), ns)
-        .list(&lp)
-        .await?
-        .items;
-    events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
-    Ok(events)
+    events_about(client, ns, request).await
 }
 
 /// The value of the sample of metric `name` whose labels include all of `labels`.

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -187,14 +186,11 @@ fn drain_selected(selector: &str, timeout_seconds: i32, force: bool) -> Option<D
 
 /// Reasons of the Events about request `name`, oldest first.
 async fn event_reasons(client: &Client, ns: &str, name: &str) -> Result<Vec<String>> {
-    let lp = ListParams::default().fields(&format!("regarding.name={name}"));
-    let mut events = Api::<Event>::namespaced(client.clone(), ns)
-        .list(&lp)
-        .await
-        .with_context(|| format!("listing the events of {ns}/{name}"))?
-        .items;
-    events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
-    Ok(events.into_iter().filter_map(|e| e.reason).collect())
+    Ok(events_about(client, ns, name)
+        .await?
+        .iter()
+        .filter_map(phase_or_reason)
+        .collect())
 }
 
 async fn delete_node(client: &Client, node: &str) -> Result<()> {

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -45,13 +44,11 @@ async fn pods_on_node(client: &Client, ns: &str, node: &str) -> Result<Vec<Pod>>
 }
 
 async fn event_reasons(client: &Client, ns: &str, request: &str) -> Result<Vec<String>> {
-    let lp = ListParams::default().fields(&format!("regarding.name={request}"));
-    let mut events = Api::<Event>::namespaced(client.clone(), ns)
-        .list(&lp)
+    Ok(events_about(client, ns, request)
         .await?
-        .items;
-    events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
-    Ok(events.into_iter().filter_map(|e| e.reason).collect())
+        .iter()
+        .filter_map(phase_or_reason)
+        .collect())
 }
 
 #[tokio::test]

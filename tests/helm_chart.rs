@@ -33,6 +33,8 @@ const NAMESPACE: &str = "maintenance-operator";
 const NAME: &str = "maintenance-operator";
 const RELEASE: &str = "maintenance-operator";
 const MINUTE: Duration = Duration::from_secs(60);
+const WEBHOOK_SERVICE: &str = "maintenance-operator-webhook";
+const WEBHOOK_SECRET: &str = "maintenance-operator-webhook-cert";
 
 // ---------------------------------------------------------------------------------------------
 // Files and tools
@@ -81,13 +83,16 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
         .ok_or_else(|| anyhow!("no {kind} {name} in the rendered chart"))
 }
 
-/// What the chart renders with default values, with a header for kubectl users.
+/// What the chart renders with default values, with a header for kubectl users. The admission
+/// webhook is left out: its certificate would be generated into this file, and everyone who
+/// applied it would share one private key (deploy/README.md shows how to add the webhook).
 fn manifests_text() -> Result<String> {
     Ok(format!(
         "# maintenance-operator: the Helm chart deploy/chart/maintenance-operator rendered with its\n\
-         # default values, for installing with kubectl (see deploy/README.md). Generated: do not edit;\n\
-         # regenerate with `MO_UPDATE_MANIFESTS=1 cargo test --test helm_chart`.\n{}",
-        render_text(&[])?
+         # default values but without the admission webhook (webhook.enabled=false), for installing\n\
+         # with kubectl (see deploy/README.md). Generated: do not edit; regenerate with\n\
+         # `MO_UPDATE_MANIFESTS=1 cargo test --test helm_chart`.\n{}",
+        render_text(&["--set", "webhook.enabled=false"])?
     ))
 }
 
@@ -126,8 +131,22 @@ fn helm_lint_passes() -> Result<()> {
         "--set",
         "serviceMonitor.enabled=true,prometheusRule.enabled=true,namespace.create=false,\
              operatorConfig.create=false,podDisruptionBudget.enabled=false,\
-             leaderElection.enabled=false,replicaCount=1,priorityClassName=",
+             leaderElection.enabled=false,leaderElection.leaseNamespace=elsewhere,\
+             replicaCount=1,priorityClassName=",
     ]))?;
+    // Both sources of the webhook's certificate, and no webhook.
+    for values in [
+        "webhook.certManager.enabled=true",
+        "webhook.certManager.enabled=false",
+        "webhook.certManager.enabled=true,webhook.certManager.issuerRef.kind=ClusterIssuer,\
+         webhook.certManager.issuerRef.name=company-ca",
+        "webhook.enabled=false",
+    ] {
+        run(helm()?
+            .args(["lint", "--strict"])
+            .arg(chart_dir())
+            .args(["--set", values]))?;
+    }
     Ok(())
 }
 
@@ -158,6 +177,9 @@ fn default_render_holds_the_expected_objects() -> Result<()> {
         s("Role", NAMESPACE, NAME),
         s("RoleBinding", NAMESPACE, NAME),
         s("Service", NAMESPACE, NAME),
+        s("Service", NAMESPACE, WEBHOOK_SERVICE),
+        s("Secret", NAMESPACE, WEBHOOK_SECRET),
+        s("ValidatingWebhookConfiguration", "", NAME),
         s("Deployment", NAMESPACE, NAME),
         s("PodDisruptionBudget", NAMESPACE, NAME),
         s("MaintenanceOperatorConfig", NAMESPACE, "default"),
@@ -473,6 +495,95 @@ fn rbac_is_exactly_what_the_operator_uses() -> Result<()> {
     Ok(())
 }
 
+/// The Lease calls of leader election, on the Lease named `name`.
+fn lease_grants(name: &str) -> BTreeSet<Grant> {
+    expand(&[
+        ("coordination.k8s.io", "leases", &["create"], ""),
+        ("coordination.k8s.io", "leases", &["get", "update"], name),
+    ])
+}
+
+/// Migrating from NVIDIA's operator, ours competes for NVIDIA's Lease in NVIDIA's namespace: a
+/// Role there grants exactly the Lease calls, and the Role of the operator's namespace no longer
+/// grants any.
+#[test]
+fn a_lease_in_another_namespace_gets_a_role_of_its_own() -> Result<()> {
+    const LEASE_NS: &str = "nvidia-maintenance";
+    const LEASE: &str = "a9620a8f.nvidia.com";
+    let args_of =
+        |docs: &[Value]| -> Result<Vec<String>> {
+            Ok(find(docs, "Deployment", NAME)?["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .context("no args")?
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect())
+        };
+    let default_args = args_of(&render(&[])?)?;
+    ensure!(
+        !default_args
+            .iter()
+            .any(|a| a.starts_with("--lease-namespace")),
+        "by default the Lease is in the operator's namespace: {default_args:?}"
+    );
+
+    let docs = render(&[
+        "--set",
+        &format!("leaderElection.leaseNamespace={LEASE_NS},leaderElection.leaseName={LEASE}"),
+    ])?;
+    let args = args_of(&docs)?;
+    for want in [
+        format!("--lease-namespace={LEASE_NS}"),
+        format!("--lease-name={LEASE}"),
+    ] {
+        ensure!(args.contains(&want), "args {args:?} lack {want}");
+    }
+    let own = grants(find(&docs, "Role", NAME)?)?;
+    let want: BTreeSet<Grant> = namespace_grants()
+        .difference(&lease_grants("maintenance-operator"))
+        .cloned()
+        .collect();
+    ensure!(own == want, "Role {NAME}: {}", diff(&own, &want));
+
+    let lease_name = format!("{NAME}-lease");
+    let role = find(&docs, "Role", &lease_name)?;
+    ensure!(role["metadata"]["namespace"] == LEASE_NS, "{role}");
+    let have = grants(role)?;
+    ensure!(
+        have == lease_grants(LEASE),
+        "Role {lease_name}: {}",
+        diff(&have, &lease_grants(LEASE))
+    );
+    let binding = find(&docs, "RoleBinding", &lease_name)?;
+    ensure!(binding["metadata"]["namespace"] == LEASE_NS, "{binding}");
+    ensure!(
+        binding["roleRef"]
+            == json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": lease_name}),
+        "roleRef {}",
+        binding["roleRef"]
+    );
+    ensure!(
+        binding["subjects"]
+            == json!([{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]),
+        "subjects {}",
+        binding["subjects"]
+    );
+
+    // Naming the operator's own namespace changes nothing.
+    let same = render(&[
+        "--set",
+        &format!("leaderElection.leaseNamespace={NAMESPACE}"),
+    ])?;
+    let have = grants(find(&same, "Role", NAME)?)?;
+    ensure!(
+        have == namespace_grants(),
+        "Role: {}",
+        diff(&have, &namespace_grants())
+    );
+    ensure!(find(&same, "Role", &lease_name).is_err());
+    Ok(())
+}
+
 /// The MaintenanceOperatorConfig spec fields the CRD defines.
 fn config_crd_fields() -> Result<BTreeSet<String>> {
     let crds = parse_docs(&read(&repo().join("crds/crds.yaml"))?)?;
@@ -514,7 +625,7 @@ fn operator_config_renders_every_field() -> Result<()> {
             == json!({
                 "maxParallelOperations": 1,
                 "logLevel": "info",
-                "maxNodeMaintenanceTimeSeconds": 1600,
+                "maxNodeMaintenanceTimeSeconds": 3600,
                 "evictionsPerSecond": 50,
                 "evictionBurst": 100,
             }),
@@ -603,6 +714,311 @@ fn checked_in_manifests_are_up_to_date() -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The admission webhook
+
+const WEBHOOK_PATH: &str = "/validate-maintenance-nvidia-com-v1alpha1-nodemaintenance";
+const WEBHOOK_MOUNT: &str = "/etc/maintenance-operator/webhook";
+
+fn operator_container(docs: &[Value]) -> Result<&Value> {
+    Ok(&find(docs, "Deployment", NAME)?["spec"]["template"]["spec"]["containers"][0])
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The one webhook of the chart's registration.
+fn webhook_entry(docs: &[Value]) -> Result<&Value> {
+    let config = find(docs, "ValidatingWebhookConfiguration", NAME)?;
+    let hooks = config["webhooks"]
+        .as_array()
+        .context("a registration without webhooks")?;
+    ensure!(hooks.len() == 1, "{} webhooks registered", hooks.len());
+    Ok(&hooks[0])
+}
+
+/// What both certificate sources share: NVIDIA's name and path, CREATE and UPDATE of
+/// nodemaintenances, a Service that reaches the pods' webhook port, and a Deployment that
+/// serves it from the mounted Secret.
+fn check_webhook_wiring(docs: &[Value]) -> Result<()> {
+    let hook = webhook_entry(docs)?;
+    ensure!(hook["name"] == "vnodemaintenance.kb.io", "{hook}");
+    ensure!(
+        hook["clientConfig"]["service"]
+            == json!({
+                "name": WEBHOOK_SERVICE, "namespace": NAMESPACE, "path": WEBHOOK_PATH, "port": 443,
+            }),
+        "{hook}"
+    );
+    ensure!(hook["clientConfig"].get("url").is_none(), "{hook}");
+    ensure!(hook["failurePolicy"] == "Fail", "{hook}");
+    ensure!(hook["sideEffects"] == "None", "{hook}");
+    ensure!(hook["admissionReviewVersions"] == json!(["v1"]), "{hook}");
+    ensure!(hook["timeoutSeconds"] == 10, "{hook}");
+    ensure!(
+        hook["rules"]
+            == json!([{
+                "apiGroups": ["maintenance.nvidia.com"],
+                "apiVersions": ["v1alpha1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["nodemaintenances"],
+                "scope": "Namespaced",
+            }]),
+        "{hook}"
+    );
+    ensure!(
+        hook["matchConditions"][0]["expression"]
+            == "request.operation == 'CREATE' || object.spec != oldObject.spec",
+        "metadata-only updates must not depend on the webhook: {hook}"
+    );
+
+    let deployment = find(docs, "Deployment", NAME)?;
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let service = find(docs, "Service", WEBHOOK_SERVICE)?;
+    for (k, v) in service["spec"]["selector"]
+        .as_object()
+        .context("the webhook Service has no selector")?
+    {
+        ensure!(&labels[k] == v, "the webhook Service selects {k}={v}");
+    }
+    ensure!(
+        service["spec"]["ports"]
+            == json!([{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]),
+        "{service}"
+    );
+
+    let c = operator_container(docs)?;
+    ensure!(
+        c["ports"].as_array().is_some_and(|ps| ps
+            .iter()
+            .any(|p| p["name"] == "webhook" && p["containerPort"] == 9443)),
+        "no webhook port 9443: {}",
+        c["ports"]
+    );
+    let args = strings(&c["args"]);
+    for want in [
+        "--webhook-addr=0.0.0.0:9443".to_string(),
+        format!("--webhook-cert-file={WEBHOOK_MOUNT}/tls.crt"),
+        format!("--webhook-key-file={WEBHOOK_MOUNT}/tls.key"),
+    ] {
+        ensure!(args.contains(&want.as_str()), "args {args:?} lack {want}");
+    }
+    ensure!(
+        c["volumeMounts"]
+            == json!([{"name": "webhook-cert", "mountPath": WEBHOOK_MOUNT, "readOnly": true}]),
+        "{}",
+        c["volumeMounts"]
+    );
+    let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+    ensure!(
+        volumes == &json!([{"name": "webhook-cert", "secret": {"secretName": WEBHOOK_SECRET}}]),
+        "{volumes}"
+    );
+    // Readiness does not wait for the webhook.
+    ensure!(c["readinessProbe"]["httpGet"]["path"] == "/readyz");
+    Ok(())
+}
+
+/// Decodes a base64 Secret or caBundle value.
+fn base64(value: &Value) -> Result<Vec<u8>> {
+    let bytes: k8s_openapi::ByteString =
+        serde_json::from_value(value.clone()).with_context(|| format!("base64 {value}"))?;
+    Ok(bytes.0)
+}
+
+/// Checks, as the API server will, that `cert` is a serving certificate for `dns_name` issued by
+/// `ca`, and that `key` is its private key.
+fn verify_serving_certificate(ca: &[u8], cert: &[u8], key: &[u8], dns_name: &str) -> Result<()> {
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca).context("the caBundle is no PEM certificate")?)?;
+    let verifier =
+        WebPkiServerVerifier::builder_with_provider(std::sync::Arc::new(roots), provider.clone())
+            .build()?;
+    let leaf = CertificateDer::from_pem_slice(cert).context("tls.crt is no PEM certificate")?;
+    verifier
+        .verify_server_cert(
+            &leaf,
+            &[],
+            &ServerName::try_from(dns_name.to_string())?,
+            &[],
+            UnixTime::now(),
+        )
+        .with_context(|| format!("tls.crt is not valid for {dns_name} under the caBundle"))?;
+    let key = PrivateKeyDer::from_pem_slice(key).context("tls.key is no PEM private key")?;
+    rustls::sign::CertifiedKey::from_der(vec![leaf], key, &provider)
+        .context("tls.key does not belong to tls.crt")?;
+    Ok(())
+}
+
+fn cert_manager_objects(docs: &[Value]) -> Vec<(String, String, String)> {
+    docs.iter()
+        .filter(|d| {
+            d["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("cert-manager.io/"))
+        })
+        .map(id)
+        .collect()
+}
+
+#[test]
+fn webhook_certificate_generated_by_helm() -> Result<()> {
+    // `auto` without cert-manager in the cluster, and `false`.
+    for extra in [&[][..], &["--set", "webhook.certManager.enabled=false"]] {
+        let docs = render(extra)?;
+        check_webhook_wiring(&docs)?;
+        let managed = cert_manager_objects(&docs);
+        ensure!(
+            managed.is_empty(),
+            "cert-manager objects rendered: {managed:?}"
+        );
+        let config = find(&docs, "ValidatingWebhookConfiguration", NAME)?;
+        ensure!(
+            config["metadata"].get("annotations").is_none(),
+            "{}",
+            config["metadata"]
+        );
+
+        let secret = find(&docs, "Secret", WEBHOOK_SECRET)?;
+        ensure!(secret["type"] == "kubernetes.io/tls", "{}", secret["type"]);
+        let data = &secret["data"];
+        let hook = webhook_entry(&docs)?;
+        ensure!(
+            hook["clientConfig"]["caBundle"] == data["ca.crt"],
+            "the caBundle is not the Secret's CA"
+        );
+        verify_serving_certificate(
+            &base64(&data["ca.crt"])?,
+            &base64(&data["tls.crt"])?,
+            &base64(&data["tls.key"])?,
+            &format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc"),
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn webhook_certificate_from_cert_manager() -> Result<()> {
+    // `true`, and `auto` in a cluster that serves cert-manager.io/v1.
+    for extra in [
+        &["--set", "webhook.certManager.enabled=true"][..],
+        &["--api-versions", "cert-manager.io/v1"],
+    ] {
+        let docs = render(extra)?;
+        check_webhook_wiring(&docs)?;
+        ensure!(
+            find(&docs, "Secret", WEBHOOK_SECRET).is_err(),
+            "cert-manager writes the Secret; the chart must not"
+        );
+        let config = find(&docs, "ValidatingWebhookConfiguration", NAME)?;
+        ensure!(
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+                == format!("{NAMESPACE}/{WEBHOOK_SERVICE}"),
+            "{}",
+            config["metadata"]
+        );
+        let hook = webhook_entry(&docs)?;
+        ensure!(
+            hook["clientConfig"].get("caBundle").is_none(),
+            "the cainjector fills the caBundle: {hook}"
+        );
+
+        let serving = find(&docs, "Certificate", WEBHOOK_SERVICE)?;
+        let spec = &serving["spec"];
+        ensure!(spec["secretName"] == WEBHOOK_SECRET, "{spec}");
+        ensure!(
+            strings(&spec["dnsNames"])
+                .contains(&format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc").as_str()),
+            "{spec}"
+        );
+        ensure!(strings(&spec["usages"]).contains(&"server auth"), "{spec}");
+        // Issued by a CA of the chart's own (renewals keep it), rooted in a self-signed Issuer.
+        let ca_issuer_name = spec["issuerRef"]["name"].as_str().context("no issuerRef")?;
+        ensure!(spec["issuerRef"]["kind"] == "Issuer", "{spec}");
+        let ca_issuer = find(&docs, "Issuer", ca_issuer_name)?;
+        let ca_secret = &ca_issuer["spec"]["ca"]["secretName"];
+        let ca = docs
+            .iter()
+            .find(|d| d["kind"] == "Certificate" && &d["spec"]["secretName"] == ca_secret)
+            .context("no Certificate writes the CA Issuer's Secret")?;
+        ensure!(ca["spec"]["isCA"] == true, "{ca}");
+        let root_name = ca["spec"]["issuerRef"]["name"]
+            .as_str()
+            .context("no issuerRef")?;
+        let root = find(&docs, "Issuer", root_name)?;
+        ensure!(root["spec"]["selfSigned"] == json!({}), "{root}");
+    }
+
+    // A CA issuer of the company's replaces the chart's own.
+    let docs = render(&[
+        "--set",
+        "webhook.certManager.enabled=true,webhook.certManager.issuerRef.kind=ClusterIssuer,\
+         webhook.certManager.issuerRef.name=company-ca",
+    ])?;
+    check_webhook_wiring(&docs)?;
+    let serving = find(&docs, "Certificate", WEBHOOK_SERVICE)?;
+    ensure!(
+        serving["spec"]["issuerRef"] == json!({"kind": "ClusterIssuer", "name": "company-ca"}),
+        "{serving}"
+    );
+    let managed = cert_manager_objects(&docs);
+    ensure!(
+        managed.len() == 1,
+        "only the serving Certificate is wanted: {managed:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn webhook_can_be_turned_off_and_tuned() -> Result<()> {
+    let docs = render(&["--set", "webhook.enabled=false"])?;
+    for (kind, name) in [
+        ("ValidatingWebhookConfiguration", NAME),
+        ("Service", WEBHOOK_SERVICE),
+        ("Secret", WEBHOOK_SECRET),
+    ] {
+        ensure!(find(&docs, kind, name).is_err(), "{kind} {name} rendered");
+    }
+    ensure!(cert_manager_objects(&docs).is_empty());
+    let c = operator_container(&docs)?;
+    let args = strings(&c["args"]);
+    ensure!(
+        !args.iter().any(|a| a.starts_with("--webhook")),
+        "args {args:?}"
+    );
+    ensure!(c.get("volumeMounts").is_none(), "{c}");
+
+    let docs = render(&[
+        "--set",
+        "webhook.failurePolicy=Ignore,webhook.timeoutSeconds=5,webhook.port=10443",
+    ])?;
+    let hook = webhook_entry(&docs)?;
+    ensure!(hook["failurePolicy"] == "Ignore", "{hook}");
+    ensure!(hook["timeoutSeconds"] == 5, "{hook}");
+    let args = strings(&operator_container(&docs)?["args"]);
+    ensure!(
+        args.contains(&"--webhook-addr=0.0.0.0:10443"),
+        "args {args:?}"
+    );
+
+    let err = render(&["--set", "webhook.certManager.enabled=yes"])
+        .err()
+        .context("webhook.certManager.enabled=yes rendered")?;
+    ensure!(
+        format!("{err:#}").contains("set true, false or auto"),
+        "{err:#}"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
 // e2e on the testbed
 
 /// The e2e tests share one testbed and the cluster-wide objects of the chart: one at a time.
@@ -671,6 +1087,73 @@ async fn rendered_manifests_apply_to_a_real_control_plane() -> Result<()> {
         .await
         .context("the operator's pod was refused")?;
     Ok(())
+}
+
+/// Helm's generated webhook certificate survives an upgrade: with the cluster in reach, the chart
+/// reads the Secret it made before (`lookup`) instead of generating a new CA, which would break
+/// the registration's trust in the pods still serving the old certificate.
+#[tokio::test]
+async fn generated_webhook_certificate_is_kept_across_upgrades() -> Result<()> {
+    let _one = E2E.lock().await;
+    let testbed = Testbed::shared().await?;
+    let client = testbed.client().await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(NAMESPACE).await?.is_none() {
+        create_namespace(&client, NAMESPACE).await?;
+    }
+    let kubeconfig = testbed.kubeconfig_path().to_string_lossy().into_owned();
+    // What `helm install` and `helm upgrade` render: lookup sees the cluster.
+    let render_live = || {
+        render(&[
+            "--dry-run=server",
+            "--kubeconfig",
+            &kubeconfig,
+            "--show-only",
+            "templates/webhook.yaml",
+        ])
+    };
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let _ = secrets
+        .delete(WEBHOOK_SECRET, &DeleteParams::default())
+        .await;
+
+    let first = render_live()?;
+    let secret = find(&first, "Secret", WEBHOOK_SECRET)?;
+    // Only the Secret: a registration without a serving pod would refuse other tests' requests.
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(secret.clone())?,
+        )
+        .await
+        .context("creating the generated Secret")?;
+    let result = async {
+        let second = render_live()?;
+        ensure!(
+            find(&second, "Secret", WEBHOOK_SECRET)?["data"] == secret["data"],
+            "a second render generated a new certificate although the Secret exists"
+        );
+        ensure!(
+            webhook_entry(&second)?["clientConfig"]["caBundle"] == secret["data"]["ca.crt"],
+            "the registration does not trust the kept CA"
+        );
+        // Without the Secret (say, deleted to renew), a new certificate is generated.
+        secrets
+            .delete(WEBHOOK_SECRET, &DeleteParams::default())
+            .await?;
+        let third = render_live()?;
+        ensure!(
+            find(&third, "Secret", WEBHOOK_SECRET)?["data"]["ca.crt"] != secret["data"]["ca.crt"],
+            "the CA was not renewed after the Secret was deleted"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = secrets
+        .delete(WEBHOOK_SECRET, &DeleteParams::default())
+        .await;
+    result
 }
 
 fn config_resource() -> ApiResource {

@@ -20,6 +20,10 @@ use maintenance_core::lifecycle::{self, StatusWrite, Transition};
 /// Applies a `logLevel` from the config (debug, info, error).
 pub type LogLevelSetter = Box<dyn Fn(&str) + Send + Sync>;
 
+/// Reason of the Event on every phase change, as NVIDIA's controller emits it; the note is the new
+/// phase, then `: ` and why when there is a message.
+pub const CONDITION_CHANGED_EVENT_REASON: &str = "ConditionChanged";
+
 /// Name of this controller in Events and field managers.
 pub const CONTROLLER_NAME: &str = "maintenance-operator";
 
@@ -42,7 +46,13 @@ pub struct Context {
     pub leading: AtomicBool,
     /// Applies the config's `logLevel` (absent when the environment pins the log filter).
     pub set_log_level: Option<LogLevelSetter>,
+    /// How long a Pending request may wait for a node that does not exist before it is deleted.
+    pub missing_node_grace: Duration,
 }
+
+/// Default of [`Context::missing_node_grace`]: long enough for a node being provisioned to
+/// register, short enough that a typo does not linger.
+pub const DEFAULT_MISSING_NODE_GRACE: Duration = Duration::from_secs(300);
 
 impl Context {
     pub fn new(
@@ -70,6 +80,7 @@ impl Context {
             synced: AtomicBool::new(false),
             leading: AtomicBool::new(false),
             set_log_level: None,
+            missing_node_grace: DEFAULT_MISSING_NODE_GRACE,
         }
     }
 
@@ -91,6 +102,21 @@ impl Context {
 
     /// Publishes an Event on the request; failures are only logged (events are best effort).
     pub async fn event(&self, nm: &NodeMaintenance, warning: bool, reason: &str, note: String) {
+        self.event_with_action(nm, warning, reason, reason, note)
+            .await;
+    }
+
+    /// An Event whose `action` differs from its reason. kube's recorder folds Events of the same
+    /// reason and action on one object into a series that keeps the first note, so the phase
+    /// changes, which share NVIDIA's reason, carry the phase as action to stay apart.
+    pub async fn event_with_action(
+        &self,
+        nm: &NodeMaintenance,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let reference: ObjectReference = nm.object_ref(&());
         let event = Event {
             type_: if warning {
@@ -100,7 +126,7 @@ impl Context {
             },
             reason: reason.to_string(),
             note: Some(note),
-            action: reason.to_string(),
+            action: action.to_string(),
             secondary: None,
         };
         if let Err(err) = self.recorder.publish(&event, &reference).await {
@@ -173,13 +199,15 @@ impl Context {
             .with_label_values(&[from_label, to.as_str()])
             .inc();
         tracing::info!(request = %nm.key(), node = %nm.spec.node_name, from = from_label, to = %to, "phase changed");
-        let node = &nm.spec.node_name;
+        // NVIDIA's shape (api/v1alpha1/nodemaintenance_types.go, ConditionChangedEventType):
+        // reason `ConditionChanged`, the note starting with the new phase.
         let note = if transition.message.is_empty() {
-            format!("{node} is now {to}")
+            to.as_str().to_string()
         } else {
-            format!("{node} is now {to}: {}", transition.message)
+            format!("{to}: {}", transition.message)
         };
-        self.event(nm, false, to.as_str(), note).await;
+        self.event_with_action(nm, false, CONDITION_CHANGED_EVENT_REASON, to.as_str(), note)
+            .await;
     }
 }
 

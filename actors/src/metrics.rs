@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use maintenance_core::admission::{Operation, Outcome};
+
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     Opts, Registry,
@@ -37,6 +39,10 @@ pub struct Metrics {
     /// -1 when maxUnavailable is unset (no limit).
     pub can_become_unavailable: IntGauge,
     pub requests_admitted_total: IntCounter,
+    /// Requests another operator left in progress that this one adopted.
+    pub requests_adopted_total: IntCounter,
+    /// Requests deleted by garbage collection, by cause (ready_too_long, node_not_found).
+    pub requests_garbage_collected_total: IntCounterVec,
     /// Eviction calls by result (evicted, gone, refused, error) and HTTP code.
     pub eviction_requests_total: IntCounterVec,
     pub eviction_retries_total: IntCounter,
@@ -51,6 +57,8 @@ pub struct Metrics {
     pub errors_total: IntCounterVec,
     /// 1 while this process is the leader (or runs without election).
     pub leader: Gauge,
+    /// Admission reviews answered by the webhook, by operation and verdict (allowed, denied, error).
+    pub admission_reviews_total: IntCounterVec,
     /// The pods each PDB blocks, summed over node actors: a label set goes when its count is 0.
     blocked_by_pdb: Mutex<HashMap<(String, String), i64>>,
 }
@@ -110,6 +118,17 @@ impl Metrics {
                 "requests_admitted_total",
                 "Requests moved from Pending to Scheduled",
             ))?,
+            requests_adopted_total: IntCounter::with_opts(opts(
+                "requests_adopted_total",
+                "Requests left in progress by another operator (NVIDIA's) and adopted",
+            ))?,
+            requests_garbage_collected_total: IntCounterVec::new(
+                opts(
+                    "requests_garbage_collected_total",
+                    "Requests deleted by garbage collection, by cause",
+                ),
+                &["cause"],
+            )?,
             eviction_requests_total: IntCounterVec::new(
                 opts(
                     "eviction_requests_total",
@@ -156,12 +175,30 @@ impl Metrics {
                 "leader",
                 "1 while this process leads (admits and evicts)",
             ))?,
+            admission_reviews_total: IntCounterVec::new(
+                opts(
+                    "admission_reviews_total",
+                    "NodeMaintenance admission reviews answered, by operation and verdict",
+                ),
+                &["operation", "verdict"],
+            )?,
             blocked_by_pdb: Mutex::new(HashMap::new()),
             registry,
         };
         m.register_all()?;
         for phase in maintenance_crds::Phase::ALL {
             m.requests.with_label_values(&[phase.as_str()]).set(0);
+        }
+        for cause in maintenance_core::collection::Cause::METRIC_LABELS {
+            m.requests_garbage_collected_total
+                .with_label_values(&[cause]);
+        }
+        // Exported at 0 from the start, so that rate() and alerts see the first review.
+        for operation in [Operation::Create, Operation::Update] {
+            for verdict in Outcome::ALL {
+                m.admission_reviews_total
+                    .with_label_values(&[operation.as_str(), verdict.as_str()]);
+            }
         }
         Ok(m)
     }
@@ -176,6 +213,8 @@ impl Metrics {
             Box::new(self.available_slots.clone()),
             Box::new(self.can_become_unavailable.clone()),
             Box::new(self.requests_admitted_total.clone()),
+            Box::new(self.requests_adopted_total.clone()),
+            Box::new(self.requests_garbage_collected_total.clone()),
             Box::new(self.eviction_requests_total.clone()),
             Box::new(self.eviction_retries_total.clone()),
             Box::new(self.pods_blocked_by_pdb.clone()),
@@ -185,6 +224,7 @@ impl Metrics {
             Box::new(self.actor_restarts_total.clone()),
             Box::new(self.errors_total.clone()),
             Box::new(self.leader.clone()),
+            Box::new(self.admission_reviews_total.clone()),
         ]
     }
 
@@ -265,14 +305,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 17, "{names:?}");
+        assert_eq!(names.len(), 20, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 17, "{names:?}");
+        assert_eq!(names.len(), 20, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

@@ -17,10 +17,16 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use maintenance_core::conditions::annotation_value;
 use maintenance_core::drain_plan;
 use maintenance_core::eviction::EvictionOutcome;
-use maintenance_core::lifecycle::{self, Action, EvictionOrder, Ledger, NodeView, Observed, Step};
-use maintenance_crds::{FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance};
+use maintenance_core::lifecycle::{
+    self, Action, EventReason, EvictionOrder, Ledger, NodeView, Observed, Step,
+};
+use maintenance_crds::{
+    ADMITTED_TIME_ANNOTATION, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
+    READY_TIME_ANNOTATION,
+};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
@@ -308,6 +314,25 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
     Ok(())
 }
 
+/// Sets one annotation, guarded by the resourceVersion the step saw, and keeps the new version.
+async fn annotate(state: &mut NodeState, key: &str, value: String) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": state.request.resource_version(),
+            "annotations": { key: value },
+        }
+    });
+    let updated = request_api(state)
+        .patch(
+            &state.request.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    state.request = Arc::new(updated);
+    Ok(())
+}
+
 async fn execute(
     myself: &ActorRef<NodeMsg>,
     state: &mut NodeState,
@@ -316,20 +341,35 @@ async fn execute(
     for action in &step.actions {
         match action {
             Action::RecordInitialState { unschedulable } => {
-                let patch = serde_json::json!({
-                    "metadata": {
-                        "resourceVersion": state.request.resource_version(),
-                        "annotations": { INITIAL_UNSCHEDULABLE_ANNOTATION: unschedulable.to_string() },
-                    }
-                });
-                let updated = request_api(state)
-                    .patch(
-                        &state.request.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await?;
-                state.request = Arc::new(updated);
+                annotate(
+                    state,
+                    INITIAL_UNSCHEDULABLE_ANNOTATION,
+                    unschedulable.to_string(),
+                )
+                .await?;
+            }
+            Action::Adopt { at } => {
+                annotate(state, ADMITTED_TIME_ANNOTATION, annotation_value(*at)).await?;
+                let phase = state.request.phase();
+                tracing::info!(
+                    request = %state.request.key(),
+                    %phase,
+                    "adopted a request another operator left in progress"
+                );
+                state.ctx.metrics.requests_adopted_total.inc();
+                let note = format!(
+                    "adopted in phase {phase} from another operator; the phase's timeouts count from {}",
+                    maintenance_core::conditions::phase_since(&state.request).unwrap_or(*at)
+                );
+                state
+                    .ctx
+                    .event(&state.request, false, EventReason::Adopted.as_str(), note)
+                    .await;
+                // The adopted version is stepped at once, not when the watch brings it back.
+                let _ = myself.cast(NodeMsg::Step);
+            }
+            Action::RecordReadyTime { at } => {
+                annotate(state, READY_TIME_ANNOTATION, annotation_value(*at)).await?;
             }
             Action::AddFinalizer => {
                 let mut finalizers = state.request.finalizers().to_vec();

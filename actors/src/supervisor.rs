@@ -11,12 +11,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use maintenance_crds::{
-    DEFAULT_CONFIG_NAME, FINALIZER, MaintenanceOperatorConfig, NodeMaintenance, Phase,
-    condition_type,
+    ADMITTED_TIME_ANNOTATION, DEFAULT_CONFIG_NAME, FINALIZER, MaintenanceOperatorConfig,
+    MaintenanceOperatorConfigSpec, NodeMaintenance, Phase, condition_type,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::time::Instant;
@@ -27,7 +27,10 @@ use crate::context::{Context, is_conflict, is_not_found};
 use crate::evictor::EvictionRate;
 use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
 use crate::task::AbortOnDrop;
+use maintenance_core::collection::{self, Cause};
+use maintenance_core::conditions::annotation_value;
 use maintenance_core::explain::{Explanations, Observed};
+use maintenance_core::lifecycle::EventReason;
 use maintenance_core::ownership::{self, NodeIdentity};
 use maintenance_core::scheduler::{self, Limits, Snapshot};
 
@@ -67,6 +70,8 @@ pub struct SupervisorState {
     log_level: Option<String>,
     /// When each waiting request's reason was last written, and under which limits.
     explanations: Explanations<String>,
+    /// When a round is already due for the next garbage-collection deadline.
+    collection_wake: Option<jiff::Timestamp>,
 }
 
 fn spawn_watch<K>(
@@ -181,6 +186,7 @@ impl Actor for Supervisor {
             change_queued: queued,
             log_level: None,
             explanations: Explanations::default(),
+            collection_wake: None,
         })
     }
 
@@ -297,6 +303,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     let nodes_by_name: HashMap<String, &Arc<Node>> =
         nodes.iter().map(|n| (n.name_any(), n)).collect();
     prepare_pending_requests(&ctx, &requests, &nodes_by_name, &state.admitted).await;
+    let policy = collection_policy(&ctx, config_spec.as_ref());
+    collect_garbage(myself, state, &requests, &nodes_by_name, &policy).await;
 
     let limits = Limits::from_config(config_spec.as_ref());
     let mut snapshot =
@@ -361,14 +369,17 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                     }
                 }
             }
-            explain_waiting(
-                &ctx,
-                &mut state.explanations,
-                &limits,
-                &by_key,
-                &decision.waiting,
-            )
-            .await;
+            // A request for a node that does not exist says when it will be collected.
+            let mut waiting = decision.waiting;
+            for entry in &mut waiting {
+                let key = (entry.key.namespace.clone(), entry.key.name.clone());
+                if let Some(request) = by_key.get(&key)
+                    && !nodes_by_name.contains_key(&request.spec.node_name)
+                {
+                    entry.reason = collection::node_not_found_message(request, &policy);
+                }
+            }
+            explain_waiting(&ctx, &mut state.explanations, &limits, &by_key, &waiting).await;
         }
         Err(err) => {
             tracing::error!(%err, "cannot schedule: fix the MaintenanceOperatorConfig");
@@ -381,6 +392,99 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     ctx.metrics
         .scheduler_run_duration_seconds
         .observe(started.elapsed().as_secs_f64());
+}
+
+fn collection_policy(
+    ctx: &Context,
+    config: Option<&MaintenanceOperatorConfigSpec>,
+) -> collection::Policy {
+    collection::Policy {
+        max_ready: config.map_or_else(
+            || MaintenanceOperatorConfigSpec::default().max_node_maintenance_time(),
+            MaintenanceOperatorConfigSpec::max_node_maintenance_time,
+        ),
+        missing_node_grace: ctx.missing_node_grace,
+    }
+}
+
+/// Deletes forgotten requests (core's `collection` decides which) and arranges a round at the
+/// next deadline, so collection happens on time rather than at the next safety-net tick.
+async fn collect_garbage(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    requests: &[Arc<NodeMaintenance>],
+    nodes_by_name: &HashMap<String, &Arc<Node>>,
+    policy: &collection::Policy,
+) {
+    let ctx = state.ctx.clone();
+    let now = jiff::Timestamp::now();
+    let sweep = collection::sweep(
+        requests.iter().map(|r| &**r),
+        |node| nodes_by_name.contains_key(node),
+        policy,
+        now,
+    );
+    if let Some(at) = sweep.next_check
+        && state
+            .collection_wake
+            .is_none_or(|armed| armed <= now || at < armed)
+    {
+        state.collection_wake = Some(at);
+        let delay = Duration::try_from(at.duration_since(now)).unwrap_or_default();
+        myself.send_after(delay, || SupervisorMsg::Changed);
+    }
+    for (request, cause) in sweep.collect {
+        match collect(&ctx, request, &cause).await {
+            Ok(true) => {
+                ctx.metrics
+                    .requests_garbage_collected_total
+                    .with_label_values(&[cause.metric_label()])
+                    .inc();
+            }
+            Ok(false) => {}
+            Err(err) if is_conflict(&err) || is_not_found(&err) => {}
+            Err(err) => {
+                tracing::warn!(request = %request.key(), %err, "could not garbage-collect request; will retry");
+                ctx.error("garbage_collect");
+            }
+        }
+    }
+}
+
+/// Deletes one request, guarded by the UID and resourceVersion the decision saw (a request
+/// annotated `garbage-collector.ignore` meanwhile is kept). A node that the cache lacks is looked
+/// up first: the cache may not show a node created a moment ago. Returns whether it deleted.
+async fn collect(
+    ctx: &Context,
+    request: &NodeMaintenance,
+    cause: &Cause,
+) -> Result<bool, kube::Error> {
+    if matches!(cause, Cause::NodeNotFound { .. }) {
+        let nodes: Api<Node> = Api::all(ctx.client.clone());
+        if nodes
+            .get_metadata_opt(&request.spec.node_name)
+            .await?
+            .is_some()
+        {
+            return Ok(false);
+        }
+    }
+    let api: Api<NodeMaintenance> =
+        Api::namespaced(ctx.client.clone(), &request.namespace().unwrap_or_default());
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: request.uid(),
+            resource_version: request.resource_version(),
+        }),
+        ..DeleteParams::default()
+    };
+    api.delete(&request.name_any(), &params).await?;
+    // After the deletion, so that a refused one says nothing; the Event outlives the request.
+    let note = cause.describe(request);
+    tracing::info!(request = %request.key(), cause = cause.metric_label(), "{note}");
+    ctx.event(request, true, EventReason::GarbageCollected.as_str(), note)
+        .await;
+    Ok(true)
 }
 
 fn update_phase_gauge(ctx: &Context, requests: &[Arc<NodeMaintenance>]) {
@@ -565,11 +669,16 @@ async fn admit(
     // Usually already set while the request was Pending; the same rule either way.
     let owners = ownership::owner_references(request.owner_references(), node_identity(node))
         .unwrap_or_else(|| request.owner_references().to_vec());
+    // The admission time in the same write: it tells our phase starts from those another
+    // operator wrote (see `conditions::phase_since`).
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": request.resource_version(),
             "finalizers": finalizers,
             "ownerReferences": owners,
+            "annotations": {
+                ADMITTED_TIME_ANNOTATION: annotation_value(jiff::Timestamp::now()),
+            },
         }
     });
     let with_finalizer = api
@@ -617,6 +726,12 @@ async fn sync_actors(
             .get(&uid)
             .is_some_and(|(_, not_before)| *not_before > Instant::now())
         {
+            continue;
+        }
+        // An actor that finished had nothing left to do for the version it was given; the cache
+        // may still show that version (its last writes not seen yet), and a new actor would
+        // repeat the cleanup, e.g. uncordon a node again after someone else cordoned it.
+        if state.forwarded.get(&uid).map(String::as_str) == request.resource_version().as_deref() {
             continue;
         }
         let args = NodeArgs {

@@ -3,7 +3,10 @@
 //! from the object itself and survive a restart.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use maintenance_crds::{NodeMaintenance, Phase, condition_type};
+use maintenance_crds::{
+    ADMITTED_TIME_ANNOTATION, NodeMaintenance, Phase, WAIT_POD_COMPLETION_START_ANNOTATION,
+    condition_type,
+};
 
 /// Sets (or replaces) a condition; `lastTransitionTime` moves only when status or reason change.
 pub fn upsert_condition(
@@ -61,10 +64,45 @@ pub fn set_phase(
     );
 }
 
-/// When the request entered its current phase (from the `Ready` condition).
+/// When the request entered its current phase: the `Ready` condition's `lastTransitionTime`,
+/// which we move on every phase change.
+///
+/// A phase entered before we admitted or adopted the request (see [`admitted_time`]) was entered
+/// under NVIDIA's operator, which moves `lastTransitionTime` only when the condition's status
+/// changes (`meta.SetStatusCondition` in its internal/k8sutils/k8sutils.go), so that time is the
+/// request's first Pending, not its phase start. Its timers count from NVIDIA's own record where
+/// there is one (`wait-pod-completion-start-time`, internal/podcompletion/podcompletion.go) and
+/// from the adoption otherwise: later, never earlier, so an adopted request never times out early.
 pub fn phase_since(nm: &NodeMaintenance) -> Option<jiff::Timestamp> {
-    nm.condition(condition_type::READY)
-        .map(|c| c.last_transition_time.0)
+    let entered = nm
+        .condition(condition_type::READY)
+        .map(|c| c.last_transition_time.0)?;
+    let Some(admitted) = admitted_time(nm) else {
+        return Some(entered);
+    };
+    if entered >= admitted {
+        return Some(entered);
+    }
+    let nvidia_wait_start = (nm.phase() == Phase::WaitForPodCompletion)
+        .then(|| annotation_time(nm, WAIT_POD_COMPLETION_START_ANNOTATION))
+        .flatten();
+    Some(nvidia_wait_start.map_or(admitted, |start| start.min(admitted)))
+}
+
+/// When we admitted the request, or adopted it from another operator mid-flight.
+pub fn admitted_time(nm: &NodeMaintenance) -> Option<jiff::Timestamp> {
+    annotation_time(nm, ADMITTED_TIME_ANNOTATION)
+}
+
+/// An RFC 3339 time held in an annotation; `None` when absent or unreadable.
+pub fn annotation_time(nm: &NodeMaintenance, key: &str) -> Option<jiff::Timestamp> {
+    nm.metadata.annotations.as_ref()?.get(key)?.parse().ok()
+}
+
+/// An annotation value for a time: RFC 3339 in UTC with seconds, as NVIDIA's controller writes
+/// (`time.Now().UTC().Format(time.RFC3339)`).
+pub fn annotation_value(at: jiff::Timestamp) -> String {
+    at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// True when the requestor has reported that its own work on the node failed.

@@ -1,8 +1,11 @@
 //! Every decision of the maintenance operator as a pure function over what was observed: the
-//! scheduler, drain planning, label selectors, condition editing and the node lifecycle step.
+//! scheduler, drain planning, label selectors, condition editing, the node lifecycle step and
+//! leader election.
 //! No I/O, no clocks (time is an argument), no async runtime: the actors gather observations,
 //! call these functions and execute what they return.
 
+pub mod admission;
+pub mod collection;
 pub mod conditions;
 pub mod drain_plan;
 pub mod eviction;
@@ -10,6 +13,7 @@ pub mod explain;
 #[cfg(test)]
 mod fixtures;
 pub mod label_selector;
+pub mod leader;
 pub mod lifecycle;
 pub mod ownership;
 pub mod plan_input;

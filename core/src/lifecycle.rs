@@ -19,7 +19,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use maintenance_crds::{
     BlockedPod, DrainSpec, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION,
-    NodeMaintenance, NodeMaintenanceStatus, Phase, condition_type,
+    NodeMaintenance, NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION, condition_type,
 };
 
 use crate::conditions;
@@ -72,6 +72,16 @@ pub enum Action {
     },
     /// Put our finalizer on the request, so that its deletion waits for the cleanup.
     AddFinalizer,
+    /// Mark a request that another operator (NVIDIA's) left mid-flight as ours from `at` (the
+    /// `admitted-time` annotation): the timers of its current phase count from there.
+    Adopt {
+        at: Timestamp,
+    },
+    /// Record when the request became Ready (NVIDIA's `ready-time` annotation), from which
+    /// garbage collection counts.
+    RecordReadyTime {
+        at: Timestamp,
+    },
     Cordon,
     Uncordon,
     /// Start these eviction calls (each answer comes back through [`Ledger::record`]).
@@ -125,6 +135,10 @@ pub enum EventReason {
     DrainTimeout,
     WaitForPodCompletionTimeout,
     NodeGone,
+    /// A request another operator left in progress was taken over.
+    Adopted,
+    /// The supervisor deleted a forgotten request (see [`crate::collection`]).
+    GarbageCollected,
 }
 
 impl EventReason {
@@ -135,6 +149,8 @@ impl EventReason {
             EventReason::DrainTimeout => "DrainTimeout",
             EventReason::WaitForPodCompletionTimeout => "WaitForPodCompletionTimeout",
             EventReason::NodeGone => "NodeGone",
+            EventReason::Adopted => "Adopted",
+            EventReason::GarbageCollected => "GarbageCollected",
         }
     }
 }
@@ -529,10 +545,21 @@ pub fn step(
         ledger.clear();
         return on_deletion(request, observed, now);
     }
-    let mut step = step_in_phase(request, observed, now, ledger);
+    let phase = request.phase();
+    // A request past Pending that we never admitted was left mid-flight by another operator:
+    // adopt it before any timer is read (the next step sees the annotation).
+    let mut step = if phase != Phase::Pending && conditions::admitted_time(request).is_none() {
+        Step {
+            actions: vec![Action::Adopt { at: now }],
+            watch_pods: matches!(phase, Phase::WaitForPodCompletion | Phase::Draining),
+            ..Step::default()
+        }
+    } else {
+        step_in_phase(request, observed, now, ledger)
+    };
     // Work past Pending needs our finalizer, or a deletion would skip the uncordon. The
     // supervisor adds it at admission; an object whose phase another tool wrote gets it here.
-    if request.phase() != Phase::Pending && !has_finalizer(request) {
+    if phase != Phase::Pending && !has_finalizer(request) {
         step.actions.insert(0, Action::AddFinalizer);
     }
     step
@@ -592,7 +619,7 @@ fn step_in_phase(
         },
         Phase::Ready => {
             ledger.clear();
-            Step::default()
+            record_ready_time(request, now)
         }
         Phase::RequestorFailed if requestor_failed => {
             ledger.clear();
@@ -714,6 +741,26 @@ fn on_scheduled(request: &NodeMaintenance, observed: &Observed<'_>, now: Timesta
     }
 }
 
+/// Ready without NVIDIA's `ready-time` annotation gets it, as NVIDIA's `handleTerminalState`
+/// does: the time the `Ready` condition turned True. It is written once: a request that is Ready
+/// again after a requestor's failure was cleared keeps counting from its first Ready, as NVIDIA's.
+/// (NVIDIA also writes it in RequestorFailed, reachable there only from Ready; ours can fail
+/// before Ready, and garbage collection spares RequestorFailed, so it is not needed there.)
+fn record_ready_time(request: &NodeMaintenance, now: Timestamp) -> Step {
+    let mut step = Step::default();
+    if conditions::annotation_time(request, READY_TIME_ANNOTATION).is_some() {
+        return step;
+    }
+    let ready_since = request
+        .condition(condition_type::READY)
+        .filter(|c| c.status == "True")
+        .map(|c| c.last_transition_time.0);
+    step.actions.push(Action::RecordReadyTime {
+        at: ready_since.unwrap_or(now),
+    });
+    step
+}
+
 fn phase_after_cordon(request: &NodeMaintenance) -> (Phase, &'static str) {
     if request.spec.wait_for_pod_completion.is_some() {
         (Phase::WaitForPodCompletion, "")
@@ -739,7 +786,13 @@ fn on_cordon(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestamp)
         actions.push(Action::RecordInitialState { unschedulable });
         cordon = request.spec.cordon() && !unschedulable;
     }
-    if cordon {
+    // A node already cordoned (by NVIDIA's operator before we adopted the request, or by our
+    // step before a restart) is not cordoned twice; the uncordon is still owed by the annotation.
+    let already_cordoned = observed.node
+        == NodeView::Present {
+            unschedulable: true,
+        };
+    if cordon && !already_cordoned {
         actions.push(Action::Cordon);
     }
     let (next, message) = phase_after_cordon(request);

@@ -10,6 +10,8 @@ pub const DEFAULT_CONFIG_NAME: &str = "default";
 /// Default for `evictionsPerSecond`: a drain of 100 nodes x 30 pods finishes its eviction calls in
 /// a minute while leaving the API server (default --max-requests-inflight 400) plenty of room.
 pub const DEFAULT_EVICTIONS_PER_SECOND: u32 = 50;
+/// Default for `maxNodeMaintenanceTimeSeconds`: NVIDIA's CRD default (not its sample's 1600).
+pub const DEFAULT_MAX_NODE_MAINTENANCE_TIME_SECONDS: i32 = 3600;
 /// Default for `evictionBurst`.
 pub const DEFAULT_EVICTION_BURST: u32 = 100;
 
@@ -43,10 +45,12 @@ pub struct MaintenanceOperatorConfigSpec {
     #[schemars(extend("default" = "info", "enum" = ["debug", "info", "error"]))]
     pub log_level: Option<String>,
 
-    /// Upper bound on one maintenance, from Scheduled to Ready, in seconds.
+    /// How long a request may stay Ready before it is deleted as forgotten (garbage collected), in
+    /// seconds from `maintenance.nvidia.com/ready-time`; default 3600 as in NVIDIA's CRD. A request
+    /// annotated `maintenance.nvidia.com/garbage-collector.ignore: "true"` is never collected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = 1600), range(min = 0))]
-    pub max_node_maintenance_time_seconds: Option<i64>,
+    #[schemars(extend("default" = 3600), range(min = 0))]
+    pub max_node_maintenance_time_seconds: Option<i32>,
 
     /// Our addition: eviction calls per second across all nodes (default 50).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -64,6 +68,13 @@ impl MaintenanceOperatorConfigSpec {
         self.max_parallel_operations
             .clone()
             .unwrap_or(IntOrString::Int(1))
+    }
+    /// How long a request may stay Ready before garbage collection.
+    pub fn max_node_maintenance_time(&self) -> std::time::Duration {
+        let seconds = self
+            .max_node_maintenance_time_seconds
+            .unwrap_or(DEFAULT_MAX_NODE_MAINTENANCE_TIME_SECONDS);
+        std::time::Duration::from_secs(u64::from(seconds.max(0).unsigned_abs()))
     }
     pub fn evictions_per_second(&self) -> u32 {
         self.evictions_per_second

@@ -8,6 +8,45 @@ pub const FINALIZER: &str = "maintenance.nvidia.com/finalizer";
 pub const INITIAL_UNSCHEDULABLE_ANNOTATION: &str =
     "maintenance.nvidia.com/node-initial-state.unschedulable";
 
+/// When the request became Ready (RFC 3339), written once, as NVIDIA's controller does; garbage
+/// collection counts `maxNodeMaintenanceTimeSeconds` from it.
+pub const READY_TIME_ANNOTATION: &str = "maintenance.nvidia.com/ready-time";
+/// `"true"` exempts a request from garbage collection (NVIDIA's annotation).
+pub const GC_IGNORE_ANNOTATION: &str = "maintenance.nvidia.com/garbage-collector.ignore";
+/// When NVIDIA's controller started waiting for pod completion (RFC 3339); read on adoption so
+/// that the wait's timeout keeps counting from there.
+pub const WAIT_POD_COMPLETION_START_ANNOTATION: &str =
+    "maintenance.nvidia.com/wait-pod-completion-start-time";
+/// When this operator admitted the request, or adopted it from another operator mid-flight
+/// (RFC 3339). A phase entered before it was entered under the other operator, whose
+/// `lastTransitionTime` does not mark phase starts: its timers count from here instead.
+pub const ADMITTED_TIME_ANNOTATION: &str = "maintenance.nvidia.com/admitted-time";
+
+/// What `spec.requestorID` must match: NVIDIA's kubebuilder pattern, verbatim.
+pub const REQUESTOR_ID_PATTERN: &str =
+    r"^([a-z0-9A-Z]([-a-z0-9A-Z]*[a-z0-9A-Z])?(\.[a-z0-9A-Z]([-a-z0-9A-Z]*[a-z0-9A-Z])?)*)$";
+
+/// Why `id` is not a valid `spec.requestorID` (the CRD's rules, checked before a request is
+/// sent), or `None` when it is.
+pub fn requestor_id_problem(id: &str) -> Option<String> {
+    static PATTERN: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(REQUESTOR_ID_PATTERN).expect("the requestorID pattern compiles")
+    });
+    let length = id.len();
+    if !(2..=63).contains(&length) {
+        return Some(format!(
+            "requestorID {id:?} has {length} characters; it must have 2 to 63"
+        ));
+    }
+    if !PATTERN.is_match(id) {
+        return Some(format!(
+            "requestorID {id:?} must be alphanumerics, '-' and '.', starting and ending with an \
+             alphanumeric, like a domain name (e.g. upgrade.example.com)"
+        ));
+    }
+    None
+}
+
 /// Condition types used in `status.conditions`.
 pub mod condition_type {
     /// Always present once the operator saw the request; its reason is the phase.
@@ -75,6 +114,10 @@ impl std::fmt::Display for Phase {
     namespaced,
     status = "NodeMaintenanceStatus",
     shortname = "nm",
+    // `kubectl get nm --field-selector spec.nodeName=node-7`, as NVIDIA's CRD allows
+    // (config/crd/bases/maintenance.nvidia.com_nodemaintenances.yaml).
+    selectable = ".spec.nodeName",
+    selectable = ".spec.requestorID",
     derive = "PartialEq",
     derive = "Default",
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),
@@ -102,10 +145,12 @@ impl std::fmt::Display for Phase {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeMaintenanceSpec {
-    /// Identifies the component that asked for the maintenance (e.g. "upgrade.example.com").
+    /// Identifies the component that asked for the maintenance (e.g. "upgrade.example.com"): a
+    /// domain-name-like string of 2 to 63 alphanumerics, dashes and dots, starting and ending with
+    /// an alphanumeric (NVIDIA's api/v1alpha1/nodemaintenance_types.go).
     #[serde(rename = "requestorID")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("requestorID is immutable: create a new NodeMaintenance instead"))]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 2, max = 63), regex(pattern = REQUESTOR_ID_PATTERN))]
     pub requestor_id: String,
 
     /// Other requestors sharing this maintenance; deletion waits until this list is empty.
@@ -298,6 +343,26 @@ impl NodeMaintenance {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requestor_ids_follow_nvidias_rules() {
+        for good in ["network.nvidia.com", "A1", "a-b.c-d", &"x".repeat(63)] {
+            assert_eq!(requestor_id_problem(good), None, "{good}");
+        }
+        for bad in [
+            "x",
+            "",
+            "-a",
+            "a-",
+            "a_b",
+            "a..b",
+            "a/b",
+            "über",
+            &"x".repeat(64),
+        ] {
+            assert!(requestor_id_problem(bad).is_some(), "{bad}");
+        }
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn with_ready_reason(reason: Option<&str>) -> NodeMaintenance {

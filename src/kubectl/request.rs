@@ -135,6 +135,14 @@ impl MaintenanceFlags {
     }
 }
 
+/// The CRD's rules for `requestorID`, checked before anything is sent.
+pub fn parse_requestor_id(id: &str) -> Result<String, String> {
+    match maintenance_crds::requestor_id_problem(id) {
+        Some(problem) => Err(problem),
+        None => Ok(id.to_string()),
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct RequestArgs {
     /// The nodes to maintain.
@@ -142,7 +150,7 @@ pub struct RequestArgs {
     pub nodes: Vec<String>,
 
     /// Who asks (e.g. upgrade.example.com); the operator orders admissions by requestor.
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = parse_requestor_id)]
     pub requestor: String,
 
     /// Another requestor sharing the maintenance: deleting the request waits until the list of

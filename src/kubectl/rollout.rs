@@ -69,7 +69,7 @@ pub struct RolloutArgs {
     pub selector: String,
 
     /// Who asks (e.g. upgrade.example.com); it names the requests and the done-marks.
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = super::request::parse_requestor_id)]
     pub requestor: String,
 
     /// Run this shell command on each node once it is Ready (`$NODE` and `$1` are the node's

@@ -88,6 +88,9 @@ pub struct WriteCall {
     pub code: u16,
     pub user: String,
     pub user_agent: String,
+    /// The resourceVersion an update was based on (optimistic concurrency), as the API server
+    /// read it from the request body; `None` for an unconditional write.
+    pub based_on: Option<String>,
 }
 
 impl WriteCall {
@@ -256,6 +259,7 @@ impl AuditLog {
                 code,
                 user: event.user.username.clone(),
                 user_agent: event.user_agent.clone(),
+                based_on: object.resource_version.clone().filter(|v| !v.is_empty()),
             });
         }
         match (

@@ -37,6 +37,35 @@ use serde::Deserialize;
 use tokio::process::Command;
 use tokio::sync::OnceCell;
 
+/// The Events about object `name` in `ns` (they outlive it), oldest first.
+pub async fn events_about(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<Vec<k8s_openapi::api::events::v1::Event>> {
+    let lp = ListParams::default().fields(&format!("regarding.name={name}"));
+    let mut events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await
+        .with_context(|| format!("listing the events about {ns}/{name}"))?
+        .items;
+    events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    Ok(events)
+}
+
+/// The phase an Event announces (reason `ConditionChanged`, as NVIDIA's, with the phase as the
+/// action and at the start of the note), or the Event's own reason for every other Event.
+pub fn phase_or_reason(event: &k8s_openapi::api::events::v1::Event) -> Option<String> {
+    let reason = event.reason.clone()?;
+    if reason != "ConditionChanged" {
+        return Some(reason);
+    }
+    let phase = event.action.clone()?;
+    let note = event.note.as_deref().unwrap_or_default();
+    // The note agrees with the action, or the Event would mislead `kubectl get events` readers.
+    note.starts_with(&phase).then_some(phase)
+}
+
 /// Image for every container: KWOK runs nothing, so it is never pulled.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 /// Annotation that makes the testbed's KWOK manage a node.

@@ -33,7 +33,8 @@ pub struct Operator {
     launcher: Option<Vec<std::ffi::OsString>>,
 }
 
-fn free_port() -> Result<u16> {
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }

@@ -9,8 +9,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
-    DrainSpec, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
-    NodeMaintenanceSpec, NodeMaintenanceStatus, Phase, WaitForPodCompletionSpec, condition_type,
+    ADMITTED_TIME_ANNOTATION, DrainSpec, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION,
+    NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION,
+    WAIT_POD_COMPLETION_START_ANNOTATION, WaitForPodCompletionSpec, condition_type,
 };
 
 use super::*;
@@ -47,7 +48,17 @@ fn request(phase: Phase) -> NodeMaintenance {
     nm.status = Some(status);
     if phase != Phase::Pending {
         nm = with_initial_state(nm, Some(false));
+        nm = with_annotation(nm, ADMITTED_TIME_ANNOTATION, Some(at(0)));
     }
+    nm
+}
+
+fn with_annotation(mut nm: NodeMaintenance, key: &str, time: Option<Timestamp>) -> NodeMaintenance {
+    let annotations = nm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    match time {
+        Some(time) => annotations.insert(key.into(), conditions::annotation_value(time)),
+        None => annotations.remove(key),
+    };
     nm
 }
 
@@ -425,8 +436,179 @@ fn cordon_cordons_a_schedulable_node_and_picks_the_next_phase() {
 
 #[test]
 fn ready_does_nothing_and_drops_the_pod_watch() {
-    let step = run(&request(Phase::Ready), CORDONED, None, at(100));
+    let ready = with_annotation(request(Phase::Ready), READY_TIME_ANNOTATION, Some(at(0)));
+    let step = run(&ready, CORDONED, None, at(100));
     assert_eq!(step, Step::default());
+}
+
+/// NVIDIA's `handleTerminalState` writes `ready-time` once; garbage collection counts from it.
+#[test]
+fn ready_records_its_ready_time_once() {
+    let step = run(&request(Phase::Ready), CORDONED, None, at(100));
+    assert_eq!(
+        step.actions,
+        vec![Action::RecordReadyTime { at: at(0) }],
+        "the time the Ready condition turned True, not the time of the step"
+    );
+    let recorded = with_annotation(request(Phase::Ready), READY_TIME_ANNOTATION, Some(at(0)));
+    assert!(run(&recorded, CORDONED, None, at(200)).actions.is_empty());
+    // RequestorFailed is never collected, so it needs no ready-time.
+    let failed = requestor_failed(request(Phase::RequestorFailed), true);
+    assert!(run(&failed, CORDONED, None, at(200)).actions.is_empty());
+}
+
+// ---- adoption of requests NVIDIA's operator left mid-flight ----
+
+/// A request in `phase` written by NVIDIA's controller: its `Ready` condition's
+/// `lastTransitionTime` is the first Pending (at(0)), since NVIDIA moves it only when the status
+/// changes; it has NVIDIA's finalizer (the same as ours) and, once cordoned, the initial state.
+fn nvidia_request(phase: Phase) -> NodeMaintenance {
+    with_annotation(request(phase), ADMITTED_TIME_ANNOTATION, None)
+}
+
+#[test]
+fn a_request_left_mid_flight_by_nvidia_is_adopted_before_anything_else() {
+    for phase in [
+        Phase::Scheduled,
+        Phase::Cordon,
+        Phase::WaitForPodCompletion,
+        Phase::Draining,
+        Phase::Ready,
+        Phase::RequestorFailed,
+    ] {
+        let nm = with_drain(with_wait(nvidia_request(phase), 60), 60);
+        let pods = [pod("app", "web-1")];
+        let step = run(&nm, CORDONED, Some(&pods), at(5000));
+        assert_eq!(
+            step.actions,
+            vec![Action::Adopt { at: at(5000) }],
+            "{phase}: no timeout, cordon, eviction or status write before adoption"
+        );
+        let without_finalizer = without_finalizer(nm.clone());
+        let step = run(&without_finalizer, CORDONED, Some(&pods), at(5000));
+        assert_eq!(
+            step.actions,
+            vec![Action::AddFinalizer, Action::Adopt { at: at(5000) }],
+            "{phase}"
+        );
+    }
+    // A Pending request is admitted by the supervisor, which writes the annotation itself.
+    assert!(
+        run(&request(Phase::Pending), SCHEDULABLE, None, at(5000))
+            .actions
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_request_being_deleted_or_on_a_gone_node_is_cleaned_up_without_adoption() {
+    let nm = deleting(nvidia_request(Phase::Draining));
+    let step = run(&nm, CORDONED, None, at(5000));
+    assert!(
+        has(&step, &Action::Uncordon),
+        "the uncordon is still owed: {step:?}"
+    );
+    assert!(removes_finalizer(&step));
+    let step = run(
+        &nvidia_request(Phase::Draining),
+        NodeView::Missing,
+        None,
+        at(5000),
+    );
+    assert!(removes_finalizer(&step));
+}
+
+/// NVIDIA recorded when its wait started (`wait-pod-completion-start-time`,
+/// internal/podcompletion/podcompletion.go): the timeout keeps counting from there.
+#[test]
+fn an_adopted_wait_counts_from_nvidias_start_time() {
+    let nm = with_annotation(
+        with_wait(nvidia_request(Phase::WaitForPodCompletion), 600),
+        WAIT_POD_COMPLETION_START_ANNOTATION,
+        Some(at(1000)),
+    );
+    let adopted = with_annotation(nm, ADMITTED_TIME_ANNOTATION, Some(at(1500)));
+    let pods = [pod("app", "job-1")];
+    let step = run(&adopted, CORDONED, Some(&pods), at(1500));
+    assert_eq!(
+        moved_to(&step),
+        None,
+        "not timed out from the Pending time at(0)"
+    );
+    assert_eq!(step.wake_at, Some(after(at(1600), TIMER_SLACK)));
+    let step = run(&adopted, CORDONED, Some(&pods), at(1600));
+    assert_eq!(
+        events(&step),
+        vec![EventReason::WaitForPodCompletionTimeout],
+        "600 s after NVIDIA's start, not after the adoption"
+    );
+}
+
+#[test]
+fn an_adopted_phase_without_nvidias_record_counts_from_the_adoption() {
+    let pods = [pod("app", "job-1")];
+    let wait = with_annotation(
+        with_wait(nvidia_request(Phase::WaitForPodCompletion), 600),
+        ADMITTED_TIME_ANNOTATION,
+        Some(at(1500)),
+    );
+    let step = run(&wait, CORDONED, Some(&pods), at(2000));
+    assert_eq!(moved_to(&step), None);
+    assert_eq!(step.wake_at, Some(after(at(2100), TIMER_SLACK)));
+
+    let drain = with_annotation(
+        with_drain(nvidia_request(Phase::Draining), 300),
+        ADMITTED_TIME_ANNOTATION,
+        Some(at(1500)),
+    );
+    let blocked = [bare("app", "lonely")];
+    let step = run(&drain, CORDONED, Some(&blocked), at(1700));
+    assert!(
+        !events(&step).contains(&EventReason::DrainTimeout),
+        "the drain timeout counts from the adoption: {step:?}"
+    );
+    let step = run(&drain, CORDONED, Some(&blocked), at(1800));
+    assert!(
+        events(&step).contains(&EventReason::DrainTimeout),
+        "{step:?}"
+    );
+}
+
+#[test]
+fn a_phase_entered_after_the_adoption_counts_from_its_own_start() {
+    // Adopted at 1500 in WaitForPodCompletion, moved to Draining by us at 2000.
+    let mut nm = with_annotation(
+        with_drain(nvidia_request(Phase::WaitForPodCompletion), 300),
+        ADMITTED_TIME_ANNOTATION,
+        Some(at(1500)),
+    );
+    let status = nm.status.as_mut().expect("status");
+    conditions::set_phase(&mut status.conditions, Phase::Draining, "", at(2000), None);
+    assert_eq!(conditions::phase_since(&nm), Some(at(2000)));
+    let blocked = [bare("app", "lonely")];
+    let step = run(&nm, CORDONED, Some(&blocked), at(2299));
+    assert!(!events(&step).contains(&EventReason::DrainTimeout));
+    let step = run(&nm, CORDONED, Some(&blocked), at(2300));
+    assert!(events(&step).contains(&EventReason::DrainTimeout));
+}
+
+/// NVIDIA cordoned the node (its annotation says it was schedulable before): no second cordon,
+/// and the uncordon is still owed at deletion.
+#[test]
+fn an_adopted_cordon_is_not_repeated_and_the_uncordon_is_still_owed() {
+    let nm = with_annotation(
+        nvidia_request(Phase::Cordon),
+        ADMITTED_TIME_ANNOTATION,
+        Some(at(1500)),
+    );
+    let step = run(&nm, CORDONED, None, at(1500));
+    assert!(!has(&step, &Action::Cordon), "{step:?}");
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    // The same object, still schedulable (NVIDIA stopped between annotation and cordon).
+    let step = run(&nm, SCHEDULABLE, None, at(1500));
+    assert!(has(&step, &Action::Cordon), "{step:?}");
+    let step = run(&deleting(nm), CORDONED, None, at(1600));
+    assert!(has(&step, &Action::Uncordon), "{step:?}");
 }
 
 #[test]

@@ -27,3 +27,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "mo.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/* Rules for the leader-election Lease (in the operator's namespace or leaseNamespace). */}}
+{{- define "mo.leaseRules" -}}
+# Create is needed when the Lease does not exist yet (a fresh install, or NVIDIA's operator never
+# elected a leader: without it nobody would ever lead); resourceNames cannot restrict create (the
+# name is not known before the object exists).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ .Values.leaderElection.leaseName | quote }}]
+  verbs: ["get", "update"]
+{{- end -}}
