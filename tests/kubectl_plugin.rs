@@ -138,7 +138,7 @@ async fn request_creates_the_objects_idempotently_and_status_lists_them() -> Res
         &nodes[0],
         &nodes[1],
         "--requestor",
-        "Plugin Test.example.com",
+        "Plugin-Test.example.com",
         "--force",
         "--timeout",
         "120",
@@ -171,7 +171,7 @@ async fn request_creates_the_objects_idempotently_and_status_lists_them() -> Res
         );
         let spec = &request.spec;
         assert_eq!(spec.node_name, *node);
-        assert_eq!(spec.requestor_id, "Plugin Test.example.com");
+        assert_eq!(spec.requestor_id, "Plugin-Test.example.com");
         assert_eq!(spec.additional_requestors(), ["other.example.com"]);
         assert!(!spec.cordon());
         let drain = spec.drain_spec.clone().context("drainSpec set")?;
@@ -203,7 +203,7 @@ async fn request_creates_the_objects_idempotently_and_status_lists_them() -> Res
             "request",
             &nodes[0],
             "--requestor",
-            "Plugin Test.example.com",
+            "Plugin-Test.example.com",
             "-n",
             &ns,
         ],
@@ -246,14 +246,14 @@ async fn request_creates_the_objects_idempotently_and_status_lists_them() -> Res
     for (line, node) in lines[1..].iter().zip(&nodes) {
         assert!(
             line.starts_with(&format!("plugin-test.example.com-{node} "))
-                && line.contains("Plugin Test.example.com"),
+                && line.contains("Plugin-Test.example.com"),
             "{table}"
         );
     }
 
     let all = plugin(
         kubeconfig,
-        &["status", "-A", "--requestor", "Plugin Test.example.com"],
+        &["status", "-A", "--requestor", "Plugin-Test.example.com"],
     )
     .await?;
     assert!(all.status.success(), "{}", describe(&all));
