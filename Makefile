@@ -13,7 +13,7 @@ demo: testbed
 ## The whole test suite: unit, property, and end-to-end tests on real control planes.
 test: testbed
 	cargo fmt --all -- --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 	PATH="$(BIN_DIR):$$PATH" cargo test --workspace
 
 ## Builds (once per machine) the control plane binaries: etcd, kube-*, kubectl, kwok.
@@ -25,7 +25,7 @@ unit:
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 
 ## The operator image as an OCI archive, target/image/maintenance-operator-<version>.oci.tar: a
 ## static musl binary FROM scratch, built with buildah (no Docker engine needed).

@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
+use maintenance_core::budgets::{BudgetStatus, WindowStatus};
 use maintenance_core::plan_input::plan_objects;
 pub use maintenance_core::plan_input::{PlanReport, plan_from_yaml};
 use maintenance_crds::{DEFAULT_CONFIG_NAME, MaintenanceOperatorConfig, NodeMaintenance};
@@ -38,25 +39,32 @@ pub struct PlanArgs {
         default_value = "maintenance-operator"
     )]
     pub namespace: String,
+
+    /// Plan as if it were this time (RFC 3339, e.g. 2026-03-02T01:30:00+01:00): which
+    /// maintenance windows are open. Default: now.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<jiff::Timestamp>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
     /// A readable summary and table.
     Table,
-    /// One JSON object: availableSlots, canBecomeUnavailable, scheduled, waiting.
+    /// One JSON object: availableSlots, canBecomeUnavailable, scheduled, waiting (each with its
+    /// reason, cause, and the budget and group that hold it back), maintenanceWindows, budgets.
     Json,
 }
 
 /// Runs the `plan` command.
 pub async fn run(args: PlanArgs) -> anyhow::Result<()> {
+    let now = args.at.unwrap_or_else(jiff::Timestamp::now);
     let report = match &args.from_file {
         Some(path) => {
             let text = read_input(path)?;
-            plan_from_yaml(&text, &args.namespace)
+            plan_from_yaml(&text, &args.namespace, now)
                 .with_context(|| format!("cannot plan from {}", input_name(path)))?
         }
-        None => plan_from_cluster(&args.namespace).await?,
+        None => plan_from_cluster(&args.namespace, now).await?,
     };
     for note in &report.notes {
         eprintln!("note: {note}");
@@ -94,7 +102,10 @@ fn read_input(path: &Path) -> anyhow::Result<String> {
     }
 }
 
-async fn plan_from_cluster(operator_namespace: &str) -> anyhow::Result<PlanReport> {
+async fn plan_from_cluster(
+    operator_namespace: &str,
+    now: jiff::Timestamp,
+) -> anyhow::Result<PlanReport> {
     let client = kube::Client::try_default().await.context(
         "cannot connect to the cluster (kubeconfig or in-cluster config); \
          use --from-file to plan from YAML instead",
@@ -122,10 +133,12 @@ async fn plan_from_cluster(operator_namespace: &str) -> anyhow::Result<PlanRepor
         &requests,
         config.as_ref().map(|config| &config.spec),
         operator_namespace,
+        now,
     )?)
 }
 
-/// The human-readable output: the two budgets, then one row per Pending request.
+/// The human-readable output: the two cluster-wide figures, windows and budgets when set, then
+/// one row per Pending request.
 fn render_table(report: &PlanReport) -> String {
     let decision = &report.decision;
     let mut out = format!("Available slots:         {}\n", decision.available_slots);
@@ -133,7 +146,17 @@ fn render_table(report: &PlanReport) -> String {
         Some(count) => out.push_str(&format!("Can become unavailable:  {count}\n")),
         None => out.push_str("Can become unavailable:  no limit (maxUnavailable is unset)\n"),
     }
+    if let Some(windows) = &decision.maintenance_windows {
+        out.push_str(&format!(
+            "Maintenance windows:     {}\n",
+            describe_windows(windows)
+        ));
+    }
     out.push('\n');
+    if !decision.budgets.is_empty() {
+        out.push_str(&render_budgets(&decision.budgets));
+        out.push('\n');
+    }
     if decision.scheduled.is_empty() && decision.waiting.is_empty() {
         out.push_str("No Pending requests: nothing to schedule.\n");
         return out;
@@ -178,7 +201,90 @@ fn render_table(report: &PlanReport) -> String {
             reason.to_string(),
         ]);
     }
-    let widths: Vec<usize> = (0..4)
+    out.push_str(&columns(&rows));
+    out
+}
+
+fn describe_windows(windows: &WindowStatus) -> String {
+    match (&windows.open, &windows.next_opening) {
+        (true, _) => "open".to_string(),
+        (false, Some(next)) => format!("closed; the next opens at {next}"),
+        (false, None) => "closed; no schedule fires again".to_string(),
+    }
+}
+
+/// One line per budget, then one per group: what is used and what is left.
+fn render_budgets(budgets: &[BudgetStatus]) -> String {
+    let unlimited = |value: Option<u32>| value.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let mut rows = vec![[
+        "BUDGET".to_string(),
+        "GROUP".to_string(),
+        "NODES".to_string(),
+        "IN MAINTENANCE".to_string(),
+        "UNAVAILABLE".to_string(),
+        "SLOTS".to_string(),
+        "CAN BECOME UNAVAILABLE".to_string(),
+    ]];
+    let mut notes = Vec::new();
+    for budget in budgets {
+        for group in &budget.groups {
+            let group_name = match (&budget.group_by_label, &group.group) {
+                (Some(label), Some(value)) if value.is_empty() => format!("{label}=<none>"),
+                (Some(label), Some(value)) => format!("{label}={value}"),
+                _ => "(all)".to_string(),
+            };
+            rows.push([
+                budget.name.clone(),
+                group_name,
+                group.nodes.to_string(),
+                group.in_maintenance.to_string(),
+                group.unavailable.to_string(),
+                unlimited(group.available_slots),
+                unlimited(group.can_become_unavailable),
+            ]);
+        }
+        if budget.groups.is_empty() {
+            rows.push([
+                budget.name.clone(),
+                "(selects no node)".to_string(),
+                "0".to_string(),
+                "0".to_string(),
+                "0".to_string(),
+                "-".to_string(),
+                "-".to_string(),
+            ]);
+        }
+        if let Some(count) = &budget.groups_in_maintenance {
+            notes.push(format!(
+                "Budget {}: {} of at most {} groups in maintenance (maxGroupsInMaintenance)",
+                budget.name, count.count, count.limit
+            ));
+        }
+        if let Some(count) = &budget.unavailable_groups {
+            notes.push(format!(
+                "Budget {}: {} of at most {} groups with unavailable nodes (maxUnavailableGroups)",
+                budget.name, count.count, count.limit
+            ));
+        }
+        if let Some(windows) = &budget.maintenance_windows {
+            notes.push(format!(
+                "Budget {}: maintenance windows {}",
+                budget.name,
+                describe_windows(windows)
+            ));
+        }
+    }
+    let mut out = columns(&rows);
+    for note in notes {
+        out.push_str(&note);
+        out.push('\n');
+    }
+    out
+}
+
+/// Rows as left-aligned columns, three spaces apart.
+fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
         .map(|column| {
             rows.iter()
                 .map(|row| row[column].chars().count())
@@ -186,12 +292,12 @@ fn render_table(report: &PlanReport) -> String {
                 .unwrap_or(0)
         })
         .collect();
-    for row in &rows {
+    let mut out = String::new();
+    for row in rows {
         let mut line = String::new();
         for (cell, width) in row.iter().zip(&widths) {
             line.push_str(&format!("{cell:<width$}   "));
         }
-        line.push_str(&row[4]);
         out.push_str(line.trim_end());
         out.push('\n');
     }
@@ -225,7 +331,8 @@ kind: MaintenanceOperatorConfig
 metadata: {name: default, namespace: maintenance-operator}
 spec: {maxParallelOperations: 1, maxUnavailable: 1}
 "#;
-        let report = plan_from_yaml(yaml, "maintenance-operator").expect("valid input");
+        let report = plan_from_yaml(yaml, "maintenance-operator", jiff::Timestamp::now())
+            .expect("valid input");
         let table = render_table(&report);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines[0], "Available slots:         1");
@@ -240,8 +347,12 @@ spec: {maxParallelOperations: 1, maxUnavailable: 1}
             "{table}"
         );
 
-        let empty = plan_from_yaml("kind: Node\nmetadata: {name: n}\n", "maintenance-operator")
-            .expect("valid input");
+        let empty = plan_from_yaml(
+            "kind: Node\nmetadata: {name: n}\n",
+            "maintenance-operator",
+            jiff::Timestamp::now(),
+        )
+        .expect("valid input");
         let empty = render_table(&empty);
         assert!(empty.contains("No Pending requests"), "{empty}");
         assert!(empty.contains("no limit"), "{empty}");

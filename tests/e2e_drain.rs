@@ -43,8 +43,6 @@ const WAIT: Duration = Duration::from_secs(90);
 const POOL: &str = "drain-test.example.com/pool";
 /// Readiness gate of the rollout test: the test plays the component that sets it.
 const READINESS_GATE: &str = "example.com/ready";
-/// The identity of the testbed's admin kubeconfig, which the operator (and the tests) use.
-const ADMIN_USER: &str = "testbed-admin";
 
 async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String>)> {
     isolated_setup(prefix, count, WAIT).await

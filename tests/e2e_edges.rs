@@ -19,7 +19,6 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use maintenance_crds::{
@@ -134,40 +133,6 @@ async fn running_bare_pod(
         .with_context(|| format!("pod {ns}/{name} is not Ready"))
 }
 
-/// A Deployment of `replicas` pods labelled `app=<app>` on `node` only, and a PDB with
-/// minAvailable = replicas: every eviction is refused. Waits until the budget allows nothing.
-async fn blocked_workload(
-    client: &Client,
-    ns: &str,
-    app: &str,
-    node: &str,
-    replicas: i32,
-) -> Result<Vec<Pod>> {
-    let labels = [("app", app)];
-    create_deployment(
-        client,
-        ns,
-        app,
-        replicas,
-        &labels,
-        &PodSpecOptions::on_node(node),
-    )
-    .await?;
-    let pods = wait_pods_ready(
-        client,
-        ns,
-        &selector_string(&labels),
-        usize::try_from(replicas)?,
-        WAIT,
-    )
-    .await?;
-    create_pdb_min_available(client, ns, app, &labels, IntOrString::Int(replicas)).await?;
-    wait_pdb_disruptions_allowed(client, ns, app, 0, WAIT)
-        .await
-        .context("precondition: the PodDisruptionBudget must allow no disruption")?;
-    Ok(pods)
-}
-
 fn wait_for_pods(selector: &str) -> Option<WaitForPodCompletionSpec> {
     Some(WaitForPodCompletionSpec {
         pod_selector: Some(selector.into()),
@@ -244,7 +209,7 @@ async fn deletion_while_draining_ignores_additional_requestors_but_deletion_when
 
     let while_draining = async {
         let node = &nodes[0];
-        blocked_workload(client, ns, "held", node, 2).await?;
+        blocked_workload(client, ns, "held", node, 2, WAIT).await?;
         let mut spec = request_spec(node, "first.example.com");
         spec.additional_requestors = Some(vec!["other".into()]);
         spec.drain_spec = drain_selected("app=held", 0, false);
@@ -435,7 +400,7 @@ async fn deletion_while_waiting_for_pod_completion_uncordons_and_releases_at_onc
 async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> {
     let (testbed, client, ns, nodes) = limited_cluster("edge-gone", 3).await?;
     let (client, ns) = (&client, ns.as_str());
-    blocked_workload(client, ns, "held", &nodes[0], 2).await?;
+    blocked_workload(client, ns, "held", &nodes[0], 2, WAIT).await?;
     let operator = Operator::start(&testbed, &[]).await?;
 
     let mut spec = request_spec(&nodes[0], "decom.example.com");
@@ -602,7 +567,7 @@ async fn removing_wait_for_pod_completion_or_drain_spec_mid_phase_moves_on() -> 
     let wait_then_drain_then_ready = async {
         let node = &nodes[1];
         running_bare_pod(client, ns, "batch-1", node, &[("role", "batch-1")]).await?;
-        let protected = blocked_workload(client, ns, "held", node, 1).await?;
+        let protected = blocked_workload(client, ns, "held", node, 1, WAIT).await?;
         let mut spec = request_spec(node, "specrm.example.com");
         spec.wait_for_pod_completion = wait_for_pods("role=batch-1");
         spec.drain_spec = drain_selected("app=held", 0, false);
@@ -792,7 +757,7 @@ async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -
 async fn drain_timeout_is_reported_after_an_invalid_spec_was_fixed() -> Result<()> {
     let (client, ns, nodes) = setup("edge-timeout", 1).await?;
     let node = &nodes[0];
-    blocked_workload(&client, &ns, "held", node, 1).await?;
+    blocked_workload(&client, &ns, "held", node, 1, WAIT).await?;
     let mut spec = request_spec(node, "timeout.example.com");
     spec.drain_spec = drain_selected("a in (b", 5, false);
     create_request(&client, &ns, "m", spec).await?;

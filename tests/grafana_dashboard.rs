@@ -32,7 +32,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use maintenance_actors::metrics::Metrics;
 use maintenance_crds::{
-    DrainSpec, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance,
+    Budget, DrainSpec, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance,
     NodeMaintenanceSpec, Phase, condition_type,
 };
 use prometheus::proto::MetricType;
@@ -209,8 +209,13 @@ fn exported_metrics() -> BTreeMap<String, MetricType> {
     m.eviction_requests_total
         .with_label_values(&["evicted", "201"]);
     m.pods_blocked_by_pdb.with_label_values(&["ns", "pdb"]);
+    m.pods_force_deleted_total.with_label_values(&["ns", "pdb"]);
     m.seconds_since_progress.with_label_values(&["node"]);
     m.errors_total.with_label_values(&["node_step"]);
+    m.budget_available_slots
+        .with_label_values(&["budget", "group"]);
+    m.budget_can_become_unavailable
+        .with_label_values(&["budget", "group"]);
     let families: BTreeMap<String, MetricType> = m
         .registry
         .gather()
@@ -500,6 +505,7 @@ fn dashboard_is_importable_and_uses_the_templated_datasource() {
         "maintenance_operator_drain_duration_seconds_bucket",
         "sum by (result, code) (rate(maintenance_operator_eviction_requests_total",
         "sum by (namespace, pdb) (maintenance_operator_pods_blocked_by_pdb",
+        "sum by (namespace, pdb) (increase(maintenance_operator_pods_force_deleted_total",
         "topk(10, max by (node) (maintenance_operator_seconds_since_progress",
         "maintenance_operator_seconds_since_progress) > 300",
         "histogram_quantile(0.99, sum by (le) (rate(maintenance_operator_scheduler_run_duration_seconds_bucket",
@@ -1101,14 +1107,20 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
     apply_crds(&client).await?;
 
     // The operator's namespace and config: room for every request, a finite maxUnavailable so
-    // canBecomeUnavailable is a real number.
+    // canBecomeUnavailable is a real number, and a budget as wide as the cluster (so its gauges
+    // exist) that changes no decision.
     let operator_ns = "maintenance-operator";
     create_namespace(&client, operator_ns).await?;
     let config = MaintenanceOperatorConfig::new(
         "default",
         MaintenanceOperatorConfigSpec {
             max_parallel_operations: Some(IntOrString::Int(10)),
-            max_unavailable: Some(IntOrString::Int(4)),
+            max_unavailable: Some(IntOrString::Int(5)),
+            budgets: Some(vec![Budget {
+                name: "everything".into(),
+                max_parallel_operations: Some(IntOrString::Int(10)),
+                ..Budget::default()
+            }]),
             ..Default::default()
         },
     );
@@ -1118,9 +1130,10 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
         .context("creating the MaintenanceOperatorConfig")?;
 
     // Nodes: p-0 holds a pod its PodDisruptionBudget never lets go, p-1 and p-2 pods that drain,
-    // p-3 is room; q-0 refuses to be cordoned.
+    // p-3 is room, p-4 holds a pod whose budget the escalation deadline bypasses; q-0 refuses to
+    // be cordoned.
     let prefix = unique_name("graf");
-    let nodes = create_nodes(&client, &prefix, 4, &[]).await?;
+    let nodes = create_nodes(&client, &prefix, 5, &[]).await?;
     let locked_prefix = unique_name("grafq");
     let locked = create_nodes(&client, &locked_prefix, 1, &[CORDON_FORBIDDEN_LABEL]).await?;
     let all_nodes: Vec<String> = nodes.iter().chain(&locked).cloned().collect();
@@ -1161,6 +1174,7 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
     wait_pods_ready(&client, &ns, "app=web-a", 2, 2 * MINUTE).await?;
     wait_pods_ready(&client, &ns, "app=web-b", 2, 2 * MINUTE).await?;
     wait_pdb_disruptions_allowed(&client, &ns, "guarded", 0, 2 * MINUTE).await?;
+    blocked_workload(&client, &ns, "doomed", &nodes[4], 1, 2 * MINUTE).await?;
 
     // The operator, and a Prometheus scraping it every second with the alert rules loaded.
     let metrics_port = free_port()?;
@@ -1292,7 +1306,8 @@ async fn scenario(
     )
     .await?;
 
-    // Wave one: a drain a PDB blocks, a drain that finishes, a cordon the API server refuses.
+    // Wave one: a drain a PDB blocks, a drain that finishes, a cordon the API server refuses, a
+    // drain that deletes its blocked pod past a deadline of one second.
     let nms: Api<NodeMaintenance> = Api::namespaced(client.clone(), ns);
     let nms_ref = &nms;
     for (name, node) in [
@@ -1304,7 +1319,17 @@ async fn scenario(
             .await
             .with_context(|| format!("creating NodeMaintenance {name}"))?;
     }
+    let mut forced = nodemaintenance("forced", &nodes[4]);
+    if let Some(drain) = forced.spec.drain_spec.as_mut() {
+        drain.force_delete_after_seconds = Some(1);
+    }
+    nms.create(&PostParams::default(), &forced)
+        .await
+        .context("creating NodeMaintenance forced")?;
     wait_phase(&nms, "drained", Phase::Ready, 2 * MINUTE).await?;
+    wait_phase(&nms, "forced", Phase::Ready, 2 * MINUTE).await?;
+    // Released at once: the phase panel counts one Ready request at the end.
+    nms.delete("forced", &DeleteParams::default()).await?;
     let blocked = wait_until(
         "the blocked drain to time out (Failed=True, DrainTimeout)",
         2 * MINUTE,
@@ -1519,6 +1544,12 @@ async fn scenario(
         has(&errors, "step", "node_step"),
         "errors by step: {}",
         describe(&errors)
+    );
+    let forced = by_title("Pods force-deleted past the deadline");
+    ensure!(
+        has(&forced, "pdb", "doomed"),
+        "pods force-deleted: {}",
+        describe(&forced)
     );
     // The phase gauge follows the scheduling rounds: wait for the round after the last change.
     let by_phase = queries

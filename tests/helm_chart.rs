@@ -495,6 +495,18 @@ fn rbac_is_exactly_what_the_operator_uses() -> Result<()> {
     Ok(())
 }
 
+/// `drainSpec.forceDeleteAfterSeconds` needs `delete` on pods: granted only on request, and then
+/// that alone.
+#[test]
+fn rbac_force_delete_adds_only_the_deletion_of_pods() -> Result<()> {
+    let docs = render(&["--set", "rbac.forceDelete=true"])?;
+    let have = grants(find(&docs, "ClusterRole", NAME)?)?;
+    let mut want = cluster_grants();
+    want.extend(expand(&[("", "pods", &["delete"], "")]));
+    ensure!(have == want, "ClusterRole: {}", diff(&have, &want));
+    Ok(())
+}
+
 /// The Lease calls of leader election, on the Lease named `name`.
 fn lease_grants(name: &str) -> BTreeSet<Grant> {
     expand(&[

@@ -88,6 +88,7 @@ fn json_output_is_one_object_with_the_decision() {
             "waiting": [{
                 "name": "team/second",
                 "reason": "no free slot: maxParallelOperations=1 and 0 nodes are in maintenance, 1 more admitted in this round",
+                "cause": "maxParallelOperations",
             }],
         })
     );
@@ -143,4 +144,95 @@ fn a_missing_file_fails_with_its_name() {
         .expect("run maintenance-operator");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("no-such-plan-input.yaml"));
+}
+
+/// Two zones with one node each, a request on each, "one zone at a time" and a nightly window
+/// in Berlin for zone b.
+const ZONES: &str = r#"
+kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/zone: a}}
+status: {conditions: [{type: Ready, status: "True"}]}
+---
+kind: Node
+metadata: {name: node-b, labels: {topology.kubernetes.io/zone: b}}
+status: {conditions: [{type: Ready, status: "True"}]}
+---
+kind: NodeMaintenance
+metadata: {name: on-a, namespace: team, creationTimestamp: "2026-01-15T00:00:00Z"}
+spec: {nodeName: node-a, requestorID: fw.example.com}
+---
+kind: NodeMaintenance
+metadata: {name: on-b, namespace: team, creationTimestamp: "2026-01-15T00:00:01Z"}
+spec: {nodeName: node-b, requestorID: fw.example.com}
+---
+kind: MaintenanceOperatorConfig
+metadata: {name: default, namespace: maintenance-operator}
+spec:
+  maxParallelOperations: 10
+  budgets:
+  - name: zones
+    groupByLabel: topology.kubernetes.io/zone
+    maxUnavailableGroups: 1
+  - name: zone-b-nights
+    nodeSelector: {matchLabels: {topology.kubernetes.io/zone: b}}
+    maintenanceWindows: [{schedule: "0 1 * * *", duration: 3h, timeZone: Europe/Berlin}]
+"#;
+
+#[test]
+fn plan_names_the_budget_and_the_next_window_at_a_given_time() {
+    // Noon in Berlin: zone b's window is closed.
+    let noon = ["--at", "2026-01-15T12:00:00+01:00"];
+    let output = plan_from(ZONES, &[&["-o", "json"][..], &noon[..]].concat());
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(json["scheduled"], serde_json::json!(["team/on-a"]));
+    assert_eq!(
+        json["waiting"][0],
+        serde_json::json!({
+            "name": "team/on-b",
+            "reason": "outside the maintenance windows of budget zone-b-nights: the next opens at 2026-01-16 01:00 CET (Europe/Berlin)",
+            "cause": "maintenanceWindows",
+            "budget": "zone-b-nights",
+        })
+    );
+    assert_eq!(
+        json["budgets"][0]["groups"][1],
+        serde_json::json!({"group": "b", "nodes": 1, "inMaintenance": 0, "unavailable": 0})
+    );
+    assert_eq!(
+        json["budgets"][1]["maintenanceWindows"],
+        serde_json::json!({"open": false, "nextOpening": "2026-01-16T01:00:00+01:00[Europe/Berlin]"})
+    );
+
+    // At night the window is open, and "one zone at a time" holds zone b back instead.
+    let night = ["--at", "2026-01-16T01:30:00+01:00"];
+    let output = plan_from(ZONES, &night);
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        table.contains("zones           topology.kubernetes.io/zone=b   1"),
+        "{table}"
+    );
+    assert!(
+        table.contains(
+            "Budget zones: 0 of at most 1 groups with unavailable nodes (maxUnavailableGroups)"
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains("Budget zone-b-nights: maintenance windows open"),
+        "{table}"
+    );
+    assert!(
+        table.contains("maxUnavailableGroups of budget zones reached: node node-b is in topology.kubernetes.io/zone=b"),
+        "{table}"
+    );
 }

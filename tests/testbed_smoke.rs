@@ -247,21 +247,6 @@ fn object(resource: &ApiResource, name: &str, spec: serde_json::Value) -> Dynami
     obj
 }
 
-/// Creating must fail with 422 and a message containing every one of `needles`.
-async fn expect_invalid(
-    api: &Api<DynamicObject>,
-    obj: &DynamicObject,
-    needles: &[&str],
-) -> Result<()> {
-    match api.create(&PostParams::default(), obj).await {
-        Ok(created) => bail!("the API server accepted an invalid object: {created:?}"),
-        Err(err) => match api_error(&err) {
-            Some((422, message)) if needles.iter().all(|n| message.contains(n)) => Ok(()),
-            _ => bail!("want 422 mentioning {needles:?}, got {err:?}"),
-        },
-    }
-}
-
 #[tokio::test]
 async fn crds_apply_and_the_schema_is_enforced() -> Result<()> {
     let client = Testbed::shared().await?.client().await?;

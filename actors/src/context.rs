@@ -118,6 +118,44 @@ impl Context {
         note: String,
     ) {
         let reference: ObjectReference = nm.object_ref(&());
+        self.publish(&reference, warning, reason, action, note, None)
+            .await;
+    }
+
+    /// The Warning Events of a pod deleted past `drainSpec.forceDeleteAfterSeconds`: one on the
+    /// request (its `related` object is the pod, which also keeps the Events of several pods
+    /// apart: the recorder folds Events by reason, action and related object), and one on the
+    /// pod, where the workload's owner looks (its `related` object is the request).
+    pub async fn force_deleted_events(
+        &self,
+        nm: &NodeMaintenance,
+        pod: &ObjectReference,
+        reason: &str,
+        note: String,
+    ) {
+        let request: ObjectReference = nm.object_ref(&());
+        self.publish(
+            &request,
+            true,
+            reason,
+            reason,
+            note.clone(),
+            Some(pod.clone()),
+        )
+        .await;
+        self.publish(pod, true, reason, reason, note, Some(request))
+            .await;
+    }
+
+    async fn publish(
+        &self,
+        reference: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+        secondary: Option<ObjectReference>,
+    ) {
         let event = Event {
             type_: if warning {
                 EventType::Warning
@@ -127,10 +165,19 @@ impl Context {
             reason: reason.to_string(),
             note: Some(note),
             action: action.to_string(),
-            secondary: None,
+            secondary,
         };
-        if let Err(err) = self.recorder.publish(&event, &reference).await {
-            tracing::warn!(request = %nm.key(), %err, "could not publish event");
+        if let Err(err) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(
+                object = %format!(
+                    "{} {}/{}",
+                    reference.kind.as_deref().unwrap_or_default(),
+                    reference.namespace.as_deref().unwrap_or_default(),
+                    reference.name.as_deref().unwrap_or_default()
+                ),
+                %err,
+                "could not publish event"
+            );
             self.error("event");
         }
     }

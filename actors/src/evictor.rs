@@ -8,7 +8,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
 
-use maintenance_core::eviction::EvictionOutcome;
+use maintenance_core::eviction::{DeleteOutcome, EvictionOutcome};
 
 use crate::metrics::Metrics;
 
@@ -100,6 +100,53 @@ impl Evictor {
             .with_label_values(&[result, &code])
             .inc();
         outcome
+    }
+
+    /// Deletes one pod past `drainSpec.forceDeleteAfterSeconds`, under the same rate limit as
+    /// evictions. No grace period is given, so the pod keeps its own
+    /// `terminationGracePeriodSeconds` (as an eviction would): only the budget is bypassed, not
+    /// the workload's shutdown (preStop hooks, connection draining); a grace period of 0 would
+    /// also remove the object before the kubelet confirms the containers stopped. `uid` guards
+    /// against deleting a new pod that took the old one's name.
+    pub async fn force_delete(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> DeleteOutcome {
+        if let Some(limiter) = self.current_limiter() {
+            limiter.until_ready().await;
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params = DeleteParams {
+            preconditions: uid.map(|uid| Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        classify_delete(pods.delete(name, &params).await.map(|_| ()))
+    }
+}
+
+fn classify_delete(result: Result<(), kube::Error>) -> DeleteOutcome {
+    match result {
+        Ok(()) => DeleteOutcome::Deleted,
+        Err(kube::Error::Api(status)) => match status.code {
+            404 => DeleteOutcome::Gone,
+            // The UID precondition failed: the pod we meant is gone and another took its name.
+            409 if status.message.contains("UID") || status.message.contains("uid") => {
+                DeleteOutcome::Gone
+            }
+            code => DeleteOutcome::Error {
+                code: Some(code),
+                message: status.message.clone(),
+            },
+        },
+        Err(other) => DeleteOutcome::Error {
+            code: None,
+            message: other.to_string(),
+        },
     }
 }
 
@@ -203,6 +250,30 @@ mod tests {
         };
         assert_eq!(pdb.as_deref(), Some("web"));
         assert!(message.contains("needs 9 healthy pods"), "{message}");
+    }
+
+    #[test]
+    fn delete_codes_map_to_outcomes() {
+        assert_eq!(classify_delete(Ok(())), DeleteOutcome::Deleted);
+        assert_eq!(
+            classify_delete(Err(api_error(404, "pods \"web-1\" not found", vec![]))),
+            DeleteOutcome::Gone
+        );
+        assert_eq!(
+            classify_delete(Err(api_error(
+                409,
+                "Precondition failed: UID in precondition: a, UID in object meta: b",
+                vec![]
+            ))),
+            DeleteOutcome::Gone
+        );
+        assert!(matches!(
+            classify_delete(Err(api_error(403, "forbidden", vec![]))),
+            DeleteOutcome::Error {
+                code: Some(403),
+                ..
+            }
+        ));
     }
 
     #[test]

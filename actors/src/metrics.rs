@@ -1,7 +1,7 @@
 //! Prometheus metrics of the engine. Every name starts with `maintenance_operator_`; the Grafana
 //! dashboard and alert rules in `grafana/` are tested against [`Metrics::metric_names`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use maintenance_core::admission::{Operation, Outcome};
@@ -38,6 +38,9 @@ pub struct Metrics {
     pub available_slots: IntGauge,
     /// -1 when maxUnavailable is unset (no limit).
     pub can_become_unavailable: IntGauge,
+    /// Per budget and group (see [`Metrics::set_budgets`]); -1 when the budget sets no limit.
+    pub budget_available_slots: prometheus::IntGaugeVec,
+    pub budget_can_become_unavailable: prometheus::IntGaugeVec,
     pub requests_admitted_total: IntCounter,
     /// Requests another operator left in progress that this one adopted.
     pub requests_adopted_total: IntCounter,
@@ -48,6 +51,9 @@ pub struct Metrics {
     pub eviction_retries_total: IntCounter,
     /// Pods currently refused eviction by a PodDisruptionBudget, by namespace and PDB.
     pub pods_blocked_by_pdb: GaugeVec,
+    /// Pods deleted past `drainSpec.forceDeleteAfterSeconds`, by the namespace and PDB bypassed
+    /// (one series per budget ever bypassed: bounded by the PDBs, never per pod or node).
+    pub pods_force_deleted_total: IntCounterVec,
     pub drain_duration_seconds: Histogram,
     /// Seconds since a node under maintenance last made progress.
     pub seconds_since_progress: GaugeVec,
@@ -61,6 +67,17 @@ pub struct Metrics {
     pub admission_reviews_total: IntCounterVec,
     /// The pods each PDB blocks, summed over node actors: a label set goes when its count is 0.
     blocked_by_pdb: Mutex<HashMap<(String, String), i64>>,
+    /// The (budget, group) label sets exported at the last round, so that removed ones go.
+    budget_series: Mutex<HashSet<(String, String)>>,
+}
+
+/// One budget group's figures at a scheduling round.
+pub struct BudgetSample<'a> {
+    pub budget: &'a str,
+    /// The group's label value; "" for a budget without `groupByLabel`.
+    pub group: &'a str,
+    pub available_slots: Option<u32>,
+    pub can_become_unavailable: Option<u32>,
 }
 
 /// A gauge vector labelled by phase.
@@ -114,6 +131,20 @@ impl Metrics {
                 "can_become_unavailable",
                 "maxUnavailable minus unavailable nodes at the last round; -1 when unlimited",
             ))?,
+            budget_available_slots: prometheus::IntGaugeVec::new(
+                opts(
+                    "budget_available_slots",
+                    "A budget's maxParallelOperations minus its nodes in maintenance, per group, at the last round; -1 when the budget sets no limit",
+                ),
+                &["budget", "group"],
+            )?,
+            budget_can_become_unavailable: prometheus::IntGaugeVec::new(
+                opts(
+                    "budget_can_become_unavailable",
+                    "A budget's maxUnavailable minus its unavailable nodes, per group, at the last round; -1 when the budget sets no limit",
+                ),
+                &["budget", "group"],
+            )?,
             requests_admitted_total: IntCounter::with_opts(opts(
                 "requests_admitted_total",
                 "Requests moved from Pending to Scheduled",
@@ -144,6 +175,13 @@ impl Metrics {
                 opts(
                     "pods_blocked_by_pdb",
                     "Pods whose last eviction a PodDisruptionBudget refused",
+                ),
+                &["namespace", "pdb"],
+            )?,
+            pods_force_deleted_total: IntCounterVec::new(
+                opts(
+                    "pods_force_deleted_total",
+                    "Pods deleted past drainSpec.forceDeleteAfterSeconds, bypassing the PodDisruptionBudget that refused their eviction",
                 ),
                 &["namespace", "pdb"],
             )?,
@@ -183,6 +221,7 @@ impl Metrics {
                 &["operation", "verdict"],
             )?,
             blocked_by_pdb: Mutex::new(HashMap::new()),
+            budget_series: Mutex::new(HashSet::new()),
             registry,
         };
         m.register_all()?;
@@ -212,12 +251,15 @@ impl Metrics {
             Box::new(self.scheduler_run_duration_seconds.clone()),
             Box::new(self.available_slots.clone()),
             Box::new(self.can_become_unavailable.clone()),
+            Box::new(self.budget_available_slots.clone()),
+            Box::new(self.budget_can_become_unavailable.clone()),
             Box::new(self.requests_admitted_total.clone()),
             Box::new(self.requests_adopted_total.clone()),
             Box::new(self.requests_garbage_collected_total.clone()),
             Box::new(self.eviction_requests_total.clone()),
             Box::new(self.eviction_retries_total.clone()),
             Box::new(self.pods_blocked_by_pdb.clone()),
+            Box::new(self.pods_force_deleted_total.clone()),
             Box::new(self.drain_duration_seconds.clone()),
             Box::new(self.seconds_since_progress.clone()),
             Box::new(self.node_actors.clone()),
@@ -270,6 +312,34 @@ impl Metrics {
         }
     }
 
+    /// Sets the budget gauges of a round; the label sets of budgets or groups that are gone are
+    /// removed, so an edited config leaves no stale series.
+    pub fn set_budgets(&self, samples: &[BudgetSample<'_>]) {
+        let Ok(mut exported) = self.budget_series.lock() else {
+            return;
+        };
+        let unlimited = |value: Option<u32>| value.map_or(-1, i64::from);
+        let mut now: HashSet<(String, String)> = HashSet::new();
+        for sample in samples {
+            let labels = [sample.budget, sample.group];
+            self.budget_available_slots
+                .with_label_values(&labels)
+                .set(unlimited(sample.available_slots));
+            self.budget_can_become_unavailable
+                .with_label_values(&labels)
+                .set(unlimited(sample.can_become_unavailable));
+            now.insert((sample.budget.to_string(), sample.group.to_string()));
+        }
+        for (budget, group) in exported.difference(&now) {
+            let labels = [budget.as_str(), group.as_str()];
+            let _ = self.budget_available_slots.remove_label_values(&labels);
+            let _ = self
+                .budget_can_become_unavailable
+                .remove_label_values(&labels);
+        }
+        *exported = now;
+    }
+
     /// Every metric family name the operator exports (histograms as their base name), including
     /// labelled families that have no sample yet.
     pub fn metric_names(&self) -> Vec<String> {
@@ -305,18 +375,49 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 20, "{names:?}");
+        assert_eq!(names.len(), 23, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 20, "{names:?}");
+        assert_eq!(names.len(), 23, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()
                 .contains("maintenance_operator_requests{phase=\"Pending\"} 0")
         );
+    }
+
+    #[test]
+    fn budget_series_follow_the_config() {
+        use super::BudgetSample;
+        let m = super::Metrics::new().expect("metrics register");
+        let sample = |budget, group, slots| BudgetSample {
+            budget,
+            group,
+            available_slots: slots,
+            can_become_unavailable: None,
+        };
+        m.set_budgets(&[sample("zones", "a", Some(1)), sample("zones", "b", Some(0))]);
+        let text = m.render();
+        assert!(
+            text.contains(
+                "maintenance_operator_budget_available_slots{budget=\"zones\",group=\"a\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "maintenance_operator_budget_can_become_unavailable{budget=\"zones\",group=\"b\"} -1"
+            ),
+            "{text}"
+        );
+        // Zone b is gone from the config: its series go too.
+        m.set_budgets(&[sample("zones", "a", Some(0))]);
+        let text = m.render();
+        assert!(!text.contains("group=\"b\""), "{text}");
+        assert!(text.contains("group=\"a\"} 0"), "{text}");
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -19,9 +19,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use maintenance_core::conditions::annotation_value;
 use maintenance_core::drain_plan;
-use maintenance_core::eviction::EvictionOutcome;
+use maintenance_core::eviction::{DeleteOutcome, EvictionOutcome};
 use maintenance_core::lifecycle::{
-    self, Action, EventReason, EvictionOrder, Ledger, NodeView, Observed, Step,
+    self, Action, EventReason, EvictionOrder, ForceDeleteOrder, Ledger, NodeView, Observed, Step,
 };
 use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
@@ -47,6 +47,12 @@ pub enum NodeMsg {
         key: String,
         uid: Option<String>,
         outcome: EvictionOutcome,
+    },
+    /// One deletion past the escalation deadline finished.
+    ForceDeleted {
+        key: String,
+        uid: Option<String>,
+        outcome: DeleteOutcome,
     },
 }
 
@@ -177,6 +183,16 @@ impl Actor for NodeActor {
                 state
                     .ledger
                     .record(&key, uid.as_deref(), outcome, now, rand::random::<f64>());
+            }
+            NodeMsg::ForceDeleted { key, uid, outcome } => {
+                tracing::debug!(pod = %key, outcome = ?outcome, "deletion past the deadline answered");
+                state.ledger.record_force_delete(
+                    &key,
+                    uid.as_deref(),
+                    outcome,
+                    now,
+                    rand::random::<f64>(),
+                );
             }
         }
         match run_step(&myself, state).await {
@@ -383,6 +399,11 @@ async fn execute(
                     start_eviction(myself, state, order.clone());
                 }
             }
+            Action::ForceDelete(orders) => {
+                for order in orders {
+                    start_force_delete(myself, state, order.clone());
+                }
+            }
             Action::WriteStatus(write) => {
                 let updated = state.ctx.apply_status_write(&state.request, write).await?;
                 state.request = Arc::new(updated);
@@ -438,6 +459,65 @@ fn start_eviction(myself: &ActorRef<NodeMsg>, state: &NodeState, order: Eviction
             )
             .await;
         let _ = actor.cast(NodeMsg::Evicted {
+            key: order.key,
+            uid: order.uid,
+            outcome,
+        });
+    });
+}
+
+/// Deletes one pod past the escalation deadline; once the API server accepted it, the Warning
+/// Events (on the request and the pod) and the metric say which budget was bypassed.
+fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &NodeState, order: ForceDeleteOrder) {
+    let ctx = state.ctx.clone();
+    let request = state.request.clone();
+    let actor = myself.clone();
+    tokio::spawn(async move {
+        let outcome = ctx
+            .evictor
+            .force_delete(&order.namespace, &order.name, order.uid.as_deref())
+            .await;
+        match &outcome {
+            DeleteOutcome::Deleted => {
+                tracing::warn!(
+                    request = %request.key(),
+                    pod = %order.key,
+                    pdb = %order.pdb,
+                    "deleted a pod past forceDeleteAfterSeconds, bypassing its PodDisruptionBudget"
+                );
+                ctx.metrics
+                    .pods_force_deleted_total
+                    .with_label_values(&[order.namespace.as_str(), order.pdb.as_str()])
+                    .inc();
+                let pod = ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    namespace: Some(order.namespace.clone()),
+                    name: Some(order.name.clone()),
+                    uid: order.uid.clone(),
+                    ..ObjectReference::default()
+                };
+                ctx.force_deleted_events(
+                    &request,
+                    &pod,
+                    EventReason::ForceDeleted.as_str(),
+                    order.note.clone(),
+                )
+                .await;
+            }
+            DeleteOutcome::Gone => {}
+            DeleteOutcome::Error { code, message } => {
+                tracing::warn!(
+                    request = %request.key(),
+                    pod = %order.key,
+                    code = ?code,
+                    %message,
+                    "deleting a pod past forceDeleteAfterSeconds failed; retrying"
+                );
+                ctx.error("force_delete");
+            }
+        }
+        let _ = actor.cast(NodeMsg::ForceDeleted {
             key: order.key,
             uid: order.uid,
             outcome,
@@ -550,10 +630,23 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
 fn report_metrics(state: &mut NodeState, last_progress: Option<jiff::Timestamp>) {
     let now = state.ledger.blocked_by_pdb();
     let metrics = &state.ctx.metrics;
+    // A budget that blocks a drain with a deadline gets its force-deletion series at 0 now, so
+    // that Prometheus sees the first deletion as an increase (a counter born at 1 shows none).
+    let has_deadline = state
+        .request
+        .spec
+        .drain_spec
+        .as_ref()
+        .is_some_and(|d| d.force_delete_after().is_some());
     let keys: BTreeSet<&(String, String)> = now.keys().chain(state.reported_pdbs.keys()).collect();
     for key in keys {
         let before = state.reported_pdbs.get(key).copied().unwrap_or(0);
         let after = now.get(key).copied().unwrap_or(0);
+        if has_deadline && before == 0 && after > 0 {
+            metrics
+                .pods_force_deleted_total
+                .with_label_values(&[key.0.as_str(), key.1.as_str()]);
+        }
         if before != after {
             let delta = i64::try_from(after).unwrap_or(i64::MAX)
                 - i64::try_from(before).unwrap_or(i64::MAX);

@@ -25,6 +25,7 @@ use maintenance_core::lifecycle;
 
 use crate::context::{Context, is_conflict, is_not_found};
 use crate::evictor::EvictionRate;
+use crate::metrics::BudgetSample;
 use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
 use crate::task::AbortOnDrop;
 use maintenance_core::collection::{self, Cause};
@@ -46,6 +47,8 @@ pub enum SupervisorMsg {
     Changed,
     /// The safety-net period passed.
     Tick,
+    /// A maintenance window is due to open (see `wake_at_window_opening`).
+    WindowOpening,
 }
 
 pub struct Supervisor;
@@ -72,6 +75,8 @@ pub struct SupervisorState {
     explanations: Explanations<String>,
     /// When a round is already due for the next garbage-collection deadline.
     collection_wake: Option<jiff::Timestamp>,
+    /// When a round is already due for the next opening of a maintenance window.
+    window_wake: Option<jiff::Timestamp>,
 }
 
 fn spawn_watch<K>(
@@ -187,6 +192,7 @@ impl Actor for Supervisor {
             log_level: None,
             explanations: Explanations::default(),
             collection_wake: None,
+            window_wake: None,
         })
     }
 
@@ -202,6 +208,9 @@ impl Actor for Supervisor {
             SupervisorMsg::Tick => {
                 myself.send_after(state.ctx.tick, || SupervisorMsg::Tick);
             }
+            // This round arms the timer again for whatever opening is next (the same one, should
+            // the timer have fired a moment early by the wall clock).
+            SupervisorMsg::WindowOpening => state.window_wake = None,
         }
         round(&myself, state).await;
         Ok(())
@@ -320,7 +329,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         }
     }
     update_phase_gauge(&ctx, &requests);
-    match scheduler::schedule(&snapshot, &limits) {
+    let now = jiff::Timestamp::now();
+    match scheduler::schedule(&snapshot, &limits, now) {
         Ok(decision) => {
             ctx.metrics
                 .available_slots
@@ -328,6 +338,25 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             ctx.metrics
                 .can_become_unavailable
                 .set(decision.can_become_unavailable.map_or(-1, i64::from));
+            let samples: Vec<BudgetSample<'_>> = decision
+                .budgets
+                .iter()
+                .flat_map(|budget| {
+                    budget.groups.iter().map(|group| BudgetSample {
+                        budget: &budget.name,
+                        group: group.group.as_deref().unwrap_or_default(),
+                        available_slots: group.available_slots,
+                        can_become_unavailable: group.can_become_unavailable,
+                    })
+                })
+                .collect();
+            ctx.metrics.set_budgets(&samples);
+            wake_at_window_opening(
+                myself,
+                &mut state.window_wake,
+                decision.next_window_opening,
+                now,
+            );
             let to_admit: Vec<Arc<NodeMaintenance>> = decision
                 .scheduled
                 .iter()
@@ -392,6 +421,28 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     ctx.metrics
         .scheduler_run_duration_seconds
         .observe(started.elapsed().as_secs_f64());
+}
+
+/// Admission starts when a window opens, not at the next safety-net tick: a round is arranged
+/// just after the earliest opening of a closed window. One timer at a time; an earlier opening
+/// (a config edit) arms another.
+fn wake_at_window_opening(
+    myself: &ActorRef<SupervisorMsg>,
+    armed: &mut Option<jiff::Timestamp>,
+    opening: Option<jiff::Timestamp>,
+    now: jiff::Timestamp,
+) {
+    // A little after the opening, so that the round reads the window as open even if the
+    // timer's clock and the wall clock differ by a few milliseconds.
+    const MARGIN: jiff::SignedDuration = jiff::SignedDuration::from_millis(200);
+    let Some(at) = opening.and_then(|at| at.checked_add(MARGIN).ok()) else {
+        return;
+    };
+    if armed.is_none_or(|fires| at < fires) {
+        *armed = Some(at);
+        let delay = Duration::try_from(at.duration_since(now)).unwrap_or_default();
+        myself.send_after(delay, || SupervisorMsg::WindowOpening);
+    }
 }
 
 fn collection_policy(

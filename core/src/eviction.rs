@@ -32,3 +32,15 @@ impl EvictionOutcome {
         }
     }
 }
+
+/// What the API server said to the DELETE of a pod whose eviction a PodDisruptionBudget kept
+/// refusing past `drainSpec.forceDeleteAfterSeconds`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    /// Accepted: the pod is terminating now, with its own grace period.
+    Deleted,
+    /// The pod no longer exists, or was replaced by one with another UID: nothing was bypassed.
+    Gone,
+    /// Anything else: forbidden (the operator's RBAC lacks `delete` on pods), network trouble.
+    Error { code: Option<u16>, message: String },
+}

@@ -135,6 +135,7 @@ mod tests {
         Limits {
             max_parallel_operations: IntOrString::Int(max_parallel_operations),
             max_unavailable: None,
+            ..Limits::default()
         }
     }
 

@@ -6,11 +6,16 @@
 //! `LabelSelector`s, so this module parses the string form itself, following the grammar and
 //! validation rules of the API server's own parser, so that a selector the operator accepts is one the
 //! API server would accept and means the same thing.
+//!
+//! Structured `LabelSelector`s (`matchLabels` and `matchExpressions`, as the config's budgets take
+//! them) are converted by [`ParsedSelector::from_label_selector`] with the rules of the API
+//! server's `metav1.LabelSelectorAsSelector`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use thiserror::Error;
 
 /// A parsed label selector: every requirement must hold (requirements are AND-ed).
@@ -63,6 +68,60 @@ impl ParsedSelector {
         .parse()
         .map(|requirements| Self { requirements })
         .map_err(fail)
+    }
+
+    /// Converts a structured selector as the API server's `metav1.LabelSelectorAsSelector` does:
+    /// `matchLabels` are equalities, `matchExpressions` use `In`, `NotIn` (with at least one value),
+    /// `Exists` or `DoesNotExist` (without values); everything is AND-ed, and an empty selector
+    /// selects everything. The error says which entry is wrong.
+    pub fn from_label_selector(selector: &LabelSelector) -> Result<Self, String> {
+        let mut requirements = Vec::new();
+        for (key, value) in selector.match_labels.iter().flatten() {
+            validate_key(key).map_err(|e| format!("matchLabels: label key '{key}' {e}"))?;
+            validate_value(value)
+                .map_err(|e| format!("matchLabels: value '{value}' of '{key}' {e}"))?;
+            requirements.push(Requirement {
+                key: key.clone(),
+                op: Operator::Equals(value.clone()),
+            });
+        }
+        for (index, expression) in selector.match_expressions.iter().flatten().enumerate() {
+            let at = format!("matchExpressions[{index}]");
+            let key = &expression.key;
+            validate_key(key).map_err(|e| format!("{at}: label key '{key}' {e}"))?;
+            let values: BTreeSet<String> = expression.values.iter().flatten().cloned().collect();
+            for value in &values {
+                validate_value(value).map_err(|e| format!("{at}: value '{value}' {e}"))?;
+            }
+            let op = match expression.operator.as_str() {
+                "In" | "NotIn" if values.is_empty() => {
+                    return Err(format!(
+                        "{at}: operator {} needs at least one value",
+                        expression.operator
+                    ));
+                }
+                "Exists" | "DoesNotExist" if !values.is_empty() => {
+                    return Err(format!(
+                        "{at}: operator {} takes no values",
+                        expression.operator
+                    ));
+                }
+                "In" => Operator::In(values),
+                "NotIn" => Operator::NotIn(values),
+                "Exists" => Operator::Exists,
+                "DoesNotExist" => Operator::DoesNotExist,
+                other => {
+                    return Err(format!(
+                        "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
+                    ));
+                }
+            };
+            requirements.push(Requirement {
+                key: key.clone(),
+                op,
+            });
+        }
+        Ok(Self { requirements })
     }
 
     /// True when this selector has no requirements and so selects every object.
@@ -361,7 +420,9 @@ fn check_name(s: &str) -> Result<(), String> {
     }
 }
 
-fn validate_key(key: &str) -> Result<(), String> {
+/// Checks a label key (`[prefix/]name`) as the API server does; the error completes "label key
+/// 'k' ...".
+pub fn validate_key(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
@@ -432,6 +493,58 @@ mod tests {
         match ParsedSelector::parse(s) {
             Ok(sel) => panic!("{s:?} should not parse, got {sel:?}"),
             Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn structured_selectors_follow_label_selector_as_selector() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+        let expression = |key: &str, operator: &str, values: &[&str]| LabelSelectorRequirement {
+            key: key.to_string(),
+            operator: operator.to_string(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        };
+        let selector = LabelSelector {
+            match_labels: Some(labels(&[("pool", "gpu")])),
+            match_expressions: Some(vec![
+                expression("topology.kubernetes.io/zone", "In", &["a", "b"]),
+                expression("drained", "DoesNotExist", &[]),
+            ]),
+        };
+        let parsed = ParsedSelector::from_label_selector(&selector).unwrap();
+        let zone = "topology.kubernetes.io/zone";
+        assert!(parsed.matches(Some(&labels(&[("pool", "gpu"), (zone, "a")]))));
+        assert!(!parsed.matches(Some(&labels(&[("pool", "gpu"), (zone, "c")]))));
+        assert!(!parsed.matches(Some(&labels(&[("pool", "cpu"), (zone, "a")]))));
+        assert!(!parsed.matches(Some(&labels(&[
+            ("pool", "gpu"),
+            (zone, "a"),
+            ("drained", "")
+        ]))));
+        let everything = ParsedSelector::from_label_selector(&LabelSelector::default()).unwrap();
+        assert!(everything.selects_all());
+
+        for (bad, needle) in [
+            (
+                expression("a", "In", &[]),
+                "matchExpressions[0]: operator In needs at least one value",
+            ),
+            (
+                expression("a", "Exists", &["x"]),
+                "operator Exists takes no values",
+            ),
+            (
+                expression("a", "Gt", &["1"]),
+                "operator \"Gt\" is not one of",
+            ),
+            (expression("-a", "Exists", &[]), "label key '-a'"),
+        ] {
+            let selector = LabelSelector {
+                match_expressions: Some(vec![bad]),
+                ..LabelSelector::default()
+            };
+            let err = ParsedSelector::from_label_selector(&selector).unwrap_err();
+            assert!(err.contains(needle), "{err}");
         }
     }
 

@@ -330,7 +330,8 @@ mod tests {
     #[test]
     fn any_change_of_the_record_restarts_its_age() {
         let base = held_by(OTHER, WALL_NOW - 3600, Some(3));
-        let changes: [(&str, fn(&mut LeaseRecord)); 7] = [
+        type Change = fn(&mut LeaseRecord);
+        let changes: [(&str, Change); 7] = [
             ("holder", |r| r.holder = "someone-else".into()),
             ("renewTime", |r| {
                 r.renew_time = Some(wall(WALL_NOW - 3599));

@@ -5,6 +5,7 @@
 //! call these functions and execute what they return.
 
 pub mod admission;
+pub mod budgets;
 pub mod collection;
 pub mod conditions;
 pub mod drain_plan;
@@ -18,3 +19,4 @@ pub mod lifecycle;
 pub mod ownership;
 pub mod plan_input;
 pub mod scheduler;
+pub mod windows;

@@ -17,14 +17,16 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use maintenance_crds::{
-    BlockedPod, DrainSpec, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION,
-    NodeMaintenance, NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION, condition_type,
+    BlockedPod, DrainSpec, DrainStatus, FINALIZER, ForceDeletedPod,
+    INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, NodeMaintenanceStatus, Phase,
+    READY_TIME_ANNOTATION, condition_type,
 };
 
 use crate::conditions;
 use crate::drain_plan::{self, CompletionRules, DrainRules, OperatorIdentity, PodRef, SkipReason};
-use crate::eviction::EvictionOutcome;
+use crate::eviction::{DeleteOutcome, EvictionOutcome};
 
 /// Drain progress is written at most this often, so a thousand evictions are not a thousand writes.
 pub const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
@@ -86,6 +88,10 @@ pub enum Action {
     Uncordon,
     /// Start these eviction calls (each answer comes back through [`Ledger::record`]).
     Evict(Vec<EvictionOrder>),
+    /// Delete these pods, bypassing the PodDisruptionBudget that kept refusing their eviction
+    /// past `drainSpec.forceDeleteAfterSeconds` (each answer comes back through
+    /// [`Ledger::record_force_delete`]).
+    ForceDelete(Vec<ForceDeleteOrder>),
     WriteStatus(StatusWrite),
     Event(Event),
     /// Let the request go: the last thing a finished maintenance does.
@@ -107,6 +113,20 @@ pub struct EvictionOrder {
     pub name: String,
     pub uid: Option<String>,
     pub is_retry: bool,
+}
+
+/// One pod to delete past the escalation deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForceDeleteOrder {
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    /// The PodDisruptionBudget (in the pod's namespace) whose refusal the deletion bypasses.
+    pub pdb: String,
+    /// The note of the Warning Events (on the request and on the pod) once the API server has
+    /// accepted the deletion: it names the pod, the budget, the request and the deadline.
+    pub note: String,
 }
 
 /// The whole new status, and the phase change it makes if any.
@@ -139,6 +159,9 @@ pub enum EventReason {
     Adopted,
     /// The supervisor deleted a forgotten request (see [`crate::collection`]).
     GarbageCollected,
+    /// A pod was deleted past `drainSpec.forceDeleteAfterSeconds`, bypassing its
+    /// PodDisruptionBudget (a Warning on the request and on the pod).
+    ForceDeleted,
 }
 
 impl EventReason {
@@ -151,6 +174,7 @@ impl EventReason {
             EventReason::NodeGone => "NodeGone",
             EventReason::Adopted => "Adopted",
             EventReason::GarbageCollected => "GarbageCollected",
+            EventReason::ForceDeleted => "ForceDeleted",
         }
     }
 }
@@ -261,6 +285,18 @@ pub struct PodEviction {
     /// For a MultiplePdbs refusal: the PDBs that select the pod (looked up once by the actor).
     pub covering_pdbs: Vec<String>,
     pub labels: BTreeMap<String, String>,
+    /// Set once the escalation deadline turned this pod's evictions into a deletion: from then
+    /// on it is deleted (retried after an error), never evicted again.
+    pub force: Option<ForceDelete>,
+}
+
+/// A pod being deleted past the escalation deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForceDelete {
+    /// The PodDisruptionBudget whose refusal the deletion bypasses.
+    pub pdb: String,
+    /// Why the last deletion failed (retried with backoff), for `status.drain.blocked`.
+    pub error: Option<String>,
 }
 
 /// What the actor remembers between steps: evictions per pod (`namespace/name`), and what it
@@ -273,6 +309,9 @@ pub struct Ledger {
     pub drain_counts: (usize, usize),
     pub last_progress: Option<Timestamp>,
     last_remaining: Option<usize>,
+    /// Deletions past the escalation deadline that the API server accepted in this drain, until
+    /// they are in `status.drain.forceDeleted` (which a restarted actor reads back).
+    pub force_deleted: Vec<ForceDeletedPod>,
 }
 
 impl Ledger {
@@ -317,6 +356,55 @@ impl Ledger {
             }
         }
         entry.last = Some(outcome);
+    }
+
+    /// The answer to one deletion past the escalation deadline. `jitter` as in [`Ledger::record`].
+    pub fn record_force_delete(
+        &mut self,
+        key: &str,
+        uid: Option<&str>,
+        outcome: DeleteOutcome,
+        now: Timestamp,
+        jitter: f64,
+    ) {
+        let Some(entry) = self.evictions.get_mut(key) else {
+            return;
+        };
+        if entry.uid.as_deref() != uid {
+            return;
+        }
+        let Some(force) = entry.force.as_mut() else {
+            return;
+        };
+        entry.in_flight = false;
+        match outcome {
+            DeleteOutcome::Deleted => {
+                self.force_deleted.push(ForceDeletedPod {
+                    pod: key.to_string(),
+                    pdb: force.pdb.clone(),
+                    // As the API server stores it, so the record on the object is the same one.
+                    deleted_at: Time(whole_seconds(now)),
+                });
+                force.error = None;
+                entry.accepted = true;
+                // No longer waiting on the budget: not counted as blocked, not watched.
+                entry.last = None;
+                self.last_progress = Some(now);
+            }
+            DeleteOutcome::Gone => {
+                force.error = None;
+                entry.accepted = true;
+                entry.last = None;
+                self.last_progress = Some(now);
+            }
+            DeleteOutcome::Error { code, message } => {
+                force.error = Some(match code {
+                    Some(code) => format!("HTTP {code}: {message}"),
+                    None => message,
+                });
+                entry.next_attempt = after(now, retry_delay(entry.attempts, jitter));
+            }
+        }
     }
 
     /// A PDB now allows a disruption (or is gone): the pods it blocked may retry at once, as many
@@ -474,6 +562,11 @@ fn after(now: Timestamp, delay: Duration) -> Timestamp {
         .ok()
         .and_then(|d| now.checked_add(d).ok())
         .unwrap_or(Timestamp::MAX)
+}
+
+/// `at` without its fraction of a second: a `metav1.Time` on the wire has none.
+fn whole_seconds(at: Timestamp) -> Timestamp {
+    Timestamp::from_second(at.as_second()).unwrap_or(at)
 }
 
 fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
@@ -1000,7 +1093,12 @@ fn on_draining(
 
     let timeout = Duration::from_secs(u64::from(spec.timeout_seconds()));
     let timed_out = !timeout.is_zero() && elapsed(started, now) >= timeout;
+    // The escalation deadline counts from the same phase clock as the timeout, independently of
+    // it: a timeout reports and retries slowly, the deadline stops waiting for budgets.
+    let force_after = spec.force_delete_after();
+    let force_due = force_after.is_some_and(|d| elapsed(started, now) >= d);
     let mut orders = Vec::new();
+    let mut deletes = Vec::new();
     for pod in &plan.to_evict {
         let key = pod.key();
         let entry = ledger
@@ -1019,8 +1117,53 @@ fn on_draining(
                     .get(&key)
                     .and_then(|p| p.metadata.labels.clone())
                     .unwrap_or_default(),
+                force: None,
             });
         if entry.in_flight || entry.accepted {
+            continue;
+        }
+        // Past the deadline, a pod whose last eviction a named budget refused is deleted instead
+        // (a 429 that names no budget may be the API server's own throttling: not bypassed).
+        // Newcomers never hold the drain, so nothing justifies bypassing their budget.
+        let bypass = match (&entry.force, &entry.last) {
+            (Some(force), _) => Some(force.pdb.clone()),
+            (None, Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }))
+                if force_due && !arrived_later.contains(&key) =>
+            {
+                Some(pdb.clone())
+            }
+            _ => None,
+        };
+        if let Some(pdb) = bypass {
+            // A failed deletion is retried after its backoff; the first one goes at the deadline.
+            if entry.force.is_some() && entry.next_attempt > now {
+                step.wake(entry.next_attempt);
+                continue;
+            }
+            entry.in_flight = true;
+            entry.attempts += 1;
+            let note = force_delete_note(
+                request,
+                &key,
+                &pod.namespace,
+                &pdb,
+                observed.pdb_summaries,
+                force_after.unwrap_or_default(),
+            );
+            if entry.force.is_none() {
+                entry.force = Some(ForceDelete {
+                    pdb: pdb.clone(),
+                    error: None,
+                });
+            }
+            deletes.push(ForceDeleteOrder {
+                key,
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: entry.uid.clone(),
+                pdb,
+                note,
+            });
             continue;
         }
         if entry.next_attempt > now {
@@ -1042,6 +1185,9 @@ fn on_draining(
     if !orders.is_empty() {
         step.actions.push(Action::Evict(orders));
     }
+    if !deletes.is_empty() {
+        step.actions.push(Action::ForceDelete(deletes));
+    }
 
     let terminating: BTreeSet<String> = plan
         .skipped
@@ -1049,6 +1195,19 @@ fn on_draining(
         .filter(|(_, why)| *why == SkipReason::Terminating)
         .map(|(p, _)| p.key())
         .collect();
+    let previous = request.status.as_ref().and_then(|s| s.drain.clone());
+    // Deletions past the deadline: those on the object (written before a restart) and those
+    // accepted since, once each.
+    let mut force_deleted = previous
+        .as_ref()
+        .map(|d| d.force_deleted.clone())
+        .unwrap_or_default();
+    let force_deleted_before = force_deleted.len();
+    for deleted in &ledger.force_deleted {
+        if !force_deleted.contains(deleted) {
+            force_deleted.push(deleted.clone());
+        }
+    }
     let mut blocked: Vec<BlockedPod> = plan
         .blocked
         .iter()
@@ -1056,7 +1215,7 @@ fn on_draining(
         .collect();
     for (key, entry) in &ledger.evictions {
         if !terminating.contains(key)
-            && let Some(b) = blocked_entry(observed.pdb_summaries, key, entry)
+            && let Some(b) = blocked_entry(observed.pdb_summaries, key, entry, force_after)
         {
             blocked.push(b);
         }
@@ -1064,10 +1223,19 @@ fn on_draining(
     // Terminating pods (evicted by us, even before a restart, or by anyone) are waited for until
     // their object is gone: the node is not drained while they still run.
     for key in &terminating {
+        let message = match force_deleted.iter().rev().find(|f| &f.pod == key) {
+            Some(f) => format!(
+                "deleted past drainSpec.forceDeleteAfterSeconds, bypassing PodDisruptionBudget \
+                 {}/{}; waiting for the pod to terminate",
+                namespace_of(key),
+                f.pdb
+            ),
+            None => "evicted; waiting for the pod to terminate".to_string(),
+        };
         blocked.push(BlockedPod {
             pod: key.clone(),
             reason: WaitReason::Terminating.as_str().to_string(),
-            message: "evicted; waiting for the pod to terminate".to_string(),
+            message,
         });
     }
     blocked.retain(|b| !arrived_later.contains(&b.pod));
@@ -1082,7 +1250,6 @@ fn on_draining(
         .collect();
     remaining.sort();
 
-    let previous = request.status.as_ref().and_then(|s| s.drain.clone());
     // The counts only grow during a drain: remembered between throttled status writes, and read
     // back from the status after a restart.
     let eviction_pods = previous
@@ -1102,6 +1269,7 @@ fn on_draining(
         drain_progress: drain_plan::drain_progress(eviction_pods, remaining.len()),
         wait_for_eviction: remaining.clone(),
         blocked: blocked.clone(),
+        force_deleted: force_deleted.clone(),
     };
     if ledger.last_remaining != Some(remaining.len()) {
         ledger.last_remaining = Some(remaining.len());
@@ -1112,8 +1280,11 @@ fn on_draining(
         step.actions.push(Action::DrainFinished {
             after: elapsed(started, now),
         });
+        // NVIDIA's Ready has no message; a drain that bypassed budgets says so where
+        // `kubectl get nm` readers look first.
+        let message = force_deleted_summary(&force_deleted);
         step.actions
-            .push(enter(request, Phase::Ready, "", now, |s| {
+            .push(enter(request, Phase::Ready, &message, now, |s| {
                 s.drain = Some(drain_status)
             }));
         step.watch_pods = false;
@@ -1128,6 +1299,10 @@ fn on_draining(
     status.drain = Some(drain_status);
     if clear_failed(&mut status, FailedReason::InvalidSpec) {
         changed = true;
+        write_now = true;
+    }
+    // A bypassed budget is worth writing at once: a restart must not lose the record.
+    if force_deleted.len() > force_deleted_before {
         write_now = true;
     }
     // An earlier Failed of another cause never hides the timeout.
@@ -1156,6 +1331,10 @@ fn on_draining(
     step.wake(after(now, HEARTBEAT));
     if !timed_out && !timeout.is_zero() {
         step.wake(after(after(started, timeout), TIMER_SLACK));
+    }
+    // The deadline runs the step itself, not the next heartbeat after it.
+    if let Some(deadline) = force_after.filter(|_| !force_due) {
+        step.wake(after(after(started, deadline), TIMER_SLACK));
     }
     if changed {
         let next_write = ledger
@@ -1190,20 +1369,85 @@ fn timeout_message(timeout: Duration, blocked: &[BlockedPod], remaining: &[Strin
     )
 }
 
+/// `PodDisruptionBudget ns/name`, with its counts when the actor watches it.
+fn describe_pdb(pdb_summaries: &BTreeMap<String, String>, namespace: &str, pdb: &str) -> String {
+    let name = format!("{namespace}/{pdb}");
+    match pdb_summaries.get(&name) {
+        Some(summary) => format!("PodDisruptionBudget {name} ({summary})"),
+        None => format!("PodDisruptionBudget {name}"),
+    }
+}
+
+/// The note of the Warning Events of one deletion past the deadline.
+fn force_delete_note(
+    request: &NodeMaintenance,
+    key: &str,
+    namespace: &str,
+    pdb: &str,
+    pdb_summaries: &BTreeMap<String, String>,
+    deadline: Duration,
+) -> String {
+    format!(
+        "deleted pod {key} instead of evicting it: {} still refused its eviction {}s after the \
+         drain of node {} began (drainSpec.forceDeleteAfterSeconds of NodeMaintenance {}); the \
+         budget was bypassed",
+        describe_pdb(pdb_summaries, namespace, pdb),
+        deadline.as_secs(),
+        request.spec.node_name,
+        request.key()
+    )
+}
+
+/// The `Ready` message of a drain that deleted pods past its deadline; empty otherwise.
+fn force_deleted_summary(force_deleted: &[ForceDeletedPod]) -> String {
+    if force_deleted.is_empty() {
+        return String::new();
+    }
+    let pods: Vec<String> = force_deleted
+        .iter()
+        .map(|f| format!("{} (PodDisruptionBudget {})", f.pod, f.pdb))
+        .collect();
+    format!(
+        "{} pod(s) deleted past drainSpec.forceDeleteAfterSeconds, bypassing their \
+         PodDisruptionBudgets: {}",
+        force_deleted.len(),
+        pods.join(", ")
+    )
+}
+
 /// Why an eviction of ours waits, for `status.drain.blocked`.
 fn blocked_entry(
     pdb_summaries: &BTreeMap<String, String>,
     key: &str,
     entry: &PodEviction,
+    force_after: Option<Duration>,
 ) -> Option<BlockedPod> {
     let namespace = namespace_of(key);
-    let describe = |pdb: &str| {
-        let name = format!("{namespace}/{pdb}");
-        match pdb_summaries.get(&name) {
-            Some(summary) => format!("PodDisruptionBudget {name} ({summary})"),
-            None => format!("PodDisruptionBudget {name}"),
-        }
-    };
+    let describe = |pdb: &str| describe_pdb(pdb_summaries, namespace, pdb);
+    if let Some(force) = &entry.force {
+        let deadline = force_after.unwrap_or_default().as_secs();
+        return Some(match &force.error {
+            Some(error) => BlockedPod {
+                pod: key.to_string(),
+                reason: WaitReason::Error.as_str().to_string(),
+                message: format!(
+                    "deleting the pod past drainSpec.forceDeleteAfterSeconds ({deadline}s), \
+                     bypassing {}, failed: {error}; retrying (a 403 means the operator may not \
+                     delete pods: grant it `delete` on pods, chart value rbac.forceDelete=true)",
+                    describe(&force.pdb)
+                ),
+            },
+            None => BlockedPod {
+                pod: key.to_string(),
+                reason: WaitReason::Pdb.as_str().to_string(),
+                message: format!(
+                    "{} still refused the eviction {deadline}s after the drain began \
+                     (drainSpec.forceDeleteAfterSeconds): deleting the pod, bypassing the budget",
+                    describe(&force.pdb)
+                ),
+            },
+        });
+    }
     let (reason, message) = match entry.last.as_ref()? {
         EvictionOutcome::Refused { pdb, message } => (
             WaitReason::Pdb,

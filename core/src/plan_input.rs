@@ -75,9 +75,13 @@ impl DocumentRef {
         }
     }
 }
-/// Plans one round from YAML: Nodes, NodeMaintenances and the `default` MaintenanceOperatorConfig
-/// of `operator_namespace`, as several documents and/or Lists.
-pub fn plan_from_yaml(text: &str, operator_namespace: &str) -> Result<PlanReport, PlanError> {
+/// Plans one round at `now` from YAML: Nodes, NodeMaintenances and the `default`
+/// MaintenanceOperatorConfig of `operator_namespace`, as several documents and/or Lists.
+pub fn plan_from_yaml(
+    text: &str,
+    operator_namespace: &str,
+    now: jiff::Timestamp,
+) -> Result<PlanReport, PlanError> {
     let mut input = Input::new(operator_namespace);
     for (index, document) in serde_norway::Deserializer::from_str(text).enumerate() {
         let at = DocumentRef {
@@ -93,7 +97,7 @@ pub fn plan_from_yaml(text: &str, operator_namespace: &str) -> Result<PlanReport
             input.add(value, at)?;
         }
     }
-    input.plan()
+    input.plan(now)
 }
 
 /// What has been read so far, and where each object came from (for duplicate errors).
@@ -295,9 +299,15 @@ impl<'a> Input<'a> {
         Ok(())
     }
 
-    fn plan(self) -> Result<PlanReport, PlanError> {
+    fn plan(self, now: jiff::Timestamp) -> Result<PlanReport, PlanError> {
         let config = self.config.as_ref().map(|(_, spec)| spec);
-        match plan_objects(&self.nodes, &self.requests, config, self.operator_namespace) {
+        match plan_objects(
+            &self.nodes,
+            &self.requests,
+            config,
+            self.operator_namespace,
+            now,
+        ) {
             Ok(mut report) => {
                 let mut notes = self.notes;
                 notes.append(&mut report.notes);
@@ -305,14 +315,26 @@ impl<'a> Input<'a> {
                 Ok(report)
             }
             // Only a config can hold a bad limit: point at its document rather than the cluster.
-            Err(ScheduleError::InvalidLimit(problem)) if self.config.is_some() => {
+            // Only a config can hold a bad limit, window or budget: point at its document rather
+            // than the cluster.
+            Err(error) if self.config.is_some() => {
                 let at = self.config.map(|(at, _)| at).unwrap_or(DocumentRef {
                     document: 0,
                     item: None,
                     kind: None,
                     name: None,
                 });
-                Err(at.invalid(format!("invalid spec.{problem}")))
+                Err(match error {
+                    ScheduleError::InvalidLimit(problem) => {
+                        at.invalid(format!("invalid spec.{problem}"))
+                    }
+                    ScheduleError::InvalidWindow(problem) => {
+                        at.invalid(format!("invalid spec.{problem}"))
+                    }
+                    ScheduleError::InvalidBudget(problem) => {
+                        at.invalid(format!("invalid spec.budgets: {problem}"))
+                    }
+                })
             }
             Err(error) => Err(error.into()),
         }
@@ -362,15 +384,16 @@ fn part<T: DeserializeOwned>(
     }
 }
 
-/// Plans one round from objects already read (from the cluster, or from YAML).
+/// Plans one round at `now` from objects already read (from the cluster, or from YAML).
 pub fn plan_objects(
     nodes: &[Node],
     requests: &[NodeMaintenance],
     config: Option<&MaintenanceOperatorConfigSpec>,
     operator_namespace: &str,
+    now: jiff::Timestamp,
 ) -> Result<PlanReport, ScheduleError> {
     let snapshot = Snapshot::from_objects(nodes, requests);
-    let decision = schedule(&snapshot, &Limits::from_config(config))?;
+    let decision = schedule(&snapshot, &Limits::from_config(config), now)?;
     let notes = if config.is_none() {
         vec![no_config_note(operator_namespace)]
     } else {
@@ -457,6 +480,11 @@ spec:
             .collect::<String>()
     }
 
+    /// A fixed time: these inputs have no windows, so any time gives the same plan.
+    fn now() -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000).unwrap()
+    }
+
     /// Turns documents into one `kind: List` with each object indented as an item.
     fn list(parts: &[String]) -> String {
         let mut out =
@@ -494,7 +522,7 @@ spec:
     }
 
     fn plan(text: &str) -> PlanReport {
-        plan_from_yaml(text, OPERATOR_NAMESPACE).unwrap_or_else(|error| panic!("{error}"))
+        plan_from_yaml(text, OPERATOR_NAMESPACE, now()).unwrap_or_else(|error| panic!("{error}"))
     }
 
     fn scheduled(report: &PlanReport) -> Vec<String> {
@@ -507,7 +535,7 @@ spec:
     }
 
     fn error_of(text: &str) -> String {
-        match plan_from_yaml(text, OPERATOR_NAMESPACE) {
+        match plan_from_yaml(text, OPERATOR_NAMESPACE, now()) {
             Ok(report) => panic!("expected an error, got {report:#?}"),
             Err(error) => error.to_string(),
         }
@@ -582,6 +610,7 @@ items:
                 "waiting": [{
                     "name": "team/r1",
                     "reason": "no free slot: maxParallelOperations=1 and 0 nodes are in maintenance, 1 more admitted in this round",
+                    "cause": "maxParallelOperations",
                 }],
             })
         );

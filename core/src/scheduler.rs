@@ -1,8 +1,12 @@
 //! One scheduling round as a pure function: which Pending requests may start now.
 //!
-//! This is exactly the algorithm of the design guide (section 5). It does no I/O and reads no
-//! clock, so the supervisor can run it on every change and `maintenance-operator plan` can show a
-//! person the very same decision the operator would take.
+//! This is exactly the algorithm of the design guide (section 5), plus the config's optional
+//! budgets ([`crate::budgets`]) and maintenance windows ([`crate::windows`]): a request is
+//! admitted only when the cluster-wide limits, every budget that covers its node, and every window
+//! that applies have room. Without budgets and windows the decision is the plain algorithm's. It
+//! does no I/O and reads no clock (the time is an argument), so the supervisor can run it on every
+//! change and `maintenance-operator plan` can show a person the very same decision the operator
+//! would take.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -10,10 +14,13 @@ use std::fmt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::{
-    DEFAULT_CONFIG_NAME, IntOrPercentError, MaintenanceOperatorConfigSpec, NodeMaintenance, Phase,
-    Rounding, resolve_int_or_percent,
+    Budget, DEFAULT_CONFIG_NAME, IntOrPercentError, MaintenanceOperatorConfigSpec,
+    MaintenanceWindow, NodeMaintenance, Phase, Rounding, resolve_int_or_percent,
 };
 use serde::{Serialize, Serializer};
+
+use crate::budgets::{BudgetError, BudgetStatus, Budgets, WindowStatus, outside_windows};
+use crate::windows::{WindowError, WindowState, Windows};
 
 /// Spec field names, used in messages so that a user knows what to edit.
 const MAX_PARALLEL_OPERATIONS_FIELD: &str = "maxParallelOperations";
@@ -25,6 +32,8 @@ pub struct NodeState {
     pub name: String,
     /// Unschedulable or not Ready: the node already serves no (new) workloads.
     pub unavailable: bool,
+    /// The node's labels, which budgets select and group by.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl NodeState {
@@ -44,6 +53,7 @@ impl NodeState {
         NodeState {
             name: node.metadata.name.clone().unwrap_or_default(),
             unavailable: unschedulable || !ready,
+            labels: node.metadata.labels.clone().unwrap_or_default(),
         }
     }
 }
@@ -107,13 +117,17 @@ impl Snapshot {
     }
 }
 
-/// The two cluster-wide limits of `MaintenanceOperatorConfig`, not yet resolved against a node count.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What limits admission in `MaintenanceOperatorConfig`, not yet resolved against a node count.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Limits {
     /// Absolute, or a percentage of all nodes rounded up.
     pub max_parallel_operations: IntOrString,
     /// Absolute, or a percentage of all nodes rounded down; `None` means no limit.
     pub max_unavailable: Option<IntOrString>,
+    /// Limits for the nodes each budget selects; empty: none.
+    pub budgets: Vec<Budget>,
+    /// Cluster-wide windows for new admissions; empty: always open.
+    pub maintenance_windows: Vec<MaintenanceWindow>,
 }
 
 impl Limits {
@@ -123,11 +137,13 @@ impl Limits {
             Some(spec) => Limits {
                 max_parallel_operations: spec.max_parallel_operations(),
                 max_unavailable: spec.max_unavailable.clone(),
+                budgets: spec.budgets().to_vec(),
+                maintenance_windows: spec.maintenance_windows().to_vec(),
             },
             None => Limits {
                 max_parallel_operations: MaintenanceOperatorConfigSpec::default()
                     .max_parallel_operations(),
-                max_unavailable: None,
+                ..Limits::default()
             },
         }
     }
@@ -152,12 +168,40 @@ impl Serialize for RequestKey {
     }
 }
 
+/// What holds a Pending request back. The limits are named by their config field; with
+/// [`Waiting::budget`] set, the field is that budget's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WaitCause {
+    /// The request is being deleted.
+    Deleting,
+    /// Another request holds the node.
+    NodeInMaintenance,
+    /// A request ordered before it on the same node is admitted in this round.
+    NodeAdmittedThisRound,
+    NodeNotFound,
+    /// No window is open (cluster-wide, or the budget's).
+    MaintenanceWindows,
+    MaxParallelOperations,
+    MaxUnavailable,
+    MaxGroupsInMaintenance,
+    MaxUnavailableGroups,
+}
+
 /// A Pending request that this round does not admit, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Waiting {
     #[serde(rename = "name")]
     pub key: RequestKey,
+    /// For a person (the request's Pending message).
     pub reason: String,
+    pub cause: WaitCause,
+    /// The budget that holds it back; absent for the cluster-wide limits and windows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
+    /// The budget's group (the node's `groupByLabel` value) that holds it back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// The outcome of one scheduling round.
@@ -172,6 +216,15 @@ pub struct Decision {
     pub scheduled: Vec<RequestKey>,
     /// Every other Pending request, in the order the scheduler considered them.
     pub waiting: Vec<Waiting>,
+    /// The cluster-wide windows at this round; absent when none are set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maintenance_windows: Option<WindowStatus>,
+    /// Each budget before this round admitted anything; absent when none are set.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<BudgetStatus>,
+    /// The earliest opening of a closed window (cluster-wide or a budget's): a round is due then.
+    #[serde(skip)]
+    pub next_window_opening: Option<jiff::Timestamp>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -180,10 +233,22 @@ pub enum ScheduleError {
         "MaintenanceOperatorConfig {DEFAULT_CONFIG_NAME:?} (in the operator's namespace) has an invalid limit: {0}; fix it with `kubectl edit maintenanceoperatorconfig {DEFAULT_CONFIG_NAME}` in that namespace"
     )]
     InvalidLimit(IntOrPercentError),
+    #[error(
+        "MaintenanceOperatorConfig {DEFAULT_CONFIG_NAME:?} (in the operator's namespace) has an invalid window: {0}; fix it with `kubectl edit maintenanceoperatorconfig {DEFAULT_CONFIG_NAME}` in that namespace"
+    )]
+    InvalidWindow(WindowError),
+    #[error(
+        "MaintenanceOperatorConfig {DEFAULT_CONFIG_NAME:?} (in the operator's namespace) has an invalid {0}; fix it with `kubectl edit maintenanceoperatorconfig {DEFAULT_CONFIG_NAME}` in that namespace"
+    )]
+    InvalidBudget(BudgetError),
 }
 
-/// Runs one scheduling round (design guide, section 5).
-pub fn schedule(snapshot: &Snapshot, limits: &Limits) -> Result<Decision, ScheduleError> {
+/// Runs one scheduling round (design guide, section 5) at `now`, the time windows are read at.
+pub fn schedule(
+    snapshot: &Snapshot,
+    limits: &Limits,
+    now: jiff::Timestamp,
+) -> Result<Decision, ScheduleError> {
     let total_nodes = count(snapshot.nodes.len());
     let max_parallel_operations = resolve_int_or_percent(
         MAX_PARALLEL_OPERATIONS_FIELD,
@@ -238,6 +303,19 @@ pub fn schedule(snapshot: &Snapshot, limits: &Limits) -> Result<Decision, Schedu
         )
         .collect();
 
+    let windows = Windows::parse(&limits.maintenance_windows)
+        .map_err(ScheduleError::InvalidWindow)?
+        .state(now);
+    let mut budgets = Budgets::new(
+        &limits.budgets,
+        &snapshot.nodes,
+        |node| in_maintenance.contains_key(node),
+        |node| unavailable_nodes.contains(node),
+        now,
+    )
+    .map_err(ScheduleError::InvalidBudget)?;
+    let budget_status = budgets.status();
+
     let nodes_in_maintenance = count(in_maintenance.len());
     let available_slots = max_parallel_operations.saturating_sub(nodes_in_maintenance);
     let can_become_unavailable =
@@ -272,59 +350,124 @@ pub fn schedule(snapshot: &Snapshot, limits: &Limits) -> Result<Decision, Schedu
     let mut newly_unavailable: u32 = 0;
     for request in pending {
         let node = request.node_name.as_str();
-        let reason = if request.deleting {
-            Some("being deleted".to_string())
+        let cluster_wide =
+            |cause: WaitCause, reason: String| Some(Hold::cluster_wide(cause, reason));
+        let hold = if request.deleting {
+            cluster_wide(WaitCause::Deleting, "being deleted".to_string())
         } else if let Some(holder) = in_maintenance.get(node) {
-            Some(format!(
-                "node {node} is under maintenance by {}",
-                holder.key()
-            ))
+            cluster_wide(
+                WaitCause::NodeInMaintenance,
+                format!("node {node} is under maintenance by {}", holder.key()),
+            )
         } else if let Some(node_state) = existing_nodes.get(node) {
+            let covering = budgets.covering(node_state);
             if let Some(winner) = admitted_on_node.get(node) {
-                Some(format!(
-                    "node already has a request being admitted: {winner}"
-                ))
+                cluster_wide(
+                    WaitCause::NodeAdmittedThisRound,
+                    format!("node already has a request being admitted: {winner}"),
+                )
+            } else if let WindowState::Closed { next_opening } = &windows {
+                cluster_wide(
+                    WaitCause::MaintenanceWindows,
+                    outside_windows(None, next_opening.as_ref()),
+                )
+            } else if let Some(hold) = budgets.window_hold(&covering) {
+                Some(hold.into())
             } else if count(scheduled.len()) >= available_slots {
-                Some(format!(
-                    "no free slot: maxParallelOperations={} and {} in maintenance{}",
-                    limit_text.max_parallel_operations,
-                    nodes_are(nodes_in_maintenance),
-                    more_in_this_round(count(scheduled.len()), "admitted"),
-                ))
+                cluster_wide(
+                    WaitCause::MaxParallelOperations,
+                    format!(
+                        "no free slot: maxParallelOperations={} and {} in maintenance{}",
+                        limit_text.max_parallel_operations,
+                        nodes_are(nodes_in_maintenance),
+                        more_in_this_round(count(scheduled.len()), "admitted"),
+                    ),
+                )
             } else if !node_state.unavailable
                 && can_become_unavailable.is_some_and(|budget| newly_unavailable >= budget)
             {
-                Some(format!(
-                    "maxUnavailable reached: node {node} would become unavailable, but maxUnavailable={} and {} unavailable{}",
-                    limit_text.max_unavailable,
-                    nodes_are(count(unavailable_nodes.len())),
-                    more_in_this_round(newly_unavailable, "becoming unavailable"),
-                ))
+                cluster_wide(
+                    WaitCause::MaxUnavailable,
+                    format!(
+                        "maxUnavailable reached: node {node} would become unavailable, but maxUnavailable={} and {} unavailable{}",
+                        limit_text.max_unavailable,
+                        nodes_are(count(unavailable_nodes.len())),
+                        more_in_this_round(newly_unavailable, "becoming unavailable"),
+                    ),
+                )
+            } else if let Some(hold) = budgets.limit_hold(&covering, node, node_state.unavailable) {
+                Some(hold.into())
             } else {
                 if !node_state.unavailable {
                     newly_unavailable += 1;
                 }
+                budgets.admit(&covering, node_state.unavailable);
                 admitted_on_node.insert(node, request.key());
                 scheduled.push(request.key());
                 None
             }
         } else {
-            Some(format!("node {node} not found"))
+            cluster_wide(WaitCause::NodeNotFound, format!("node {node} not found"))
         };
-        if let Some(reason) = reason {
+        if let Some(hold) = hold {
             waiting.push(Waiting {
                 key: request.key(),
-                reason,
+                reason: hold.reason,
+                cause: hold.cause,
+                budget: hold.budget,
+                group: hold.group,
             });
         }
     }
 
+    let cluster_opening = match &windows {
+        WindowState::Closed {
+            next_opening: Some(at),
+        } => Some(at.timestamp()),
+        _ => None,
+    };
     Ok(Decision {
         available_slots,
         can_become_unavailable,
         scheduled,
         waiting,
+        maintenance_windows: WindowStatus::of(&windows),
+        budgets: budget_status,
+        next_window_opening: cluster_opening
+            .into_iter()
+            .chain(budgets.next_window_opening())
+            .min(),
     })
+}
+
+/// Why a request waits, before it is written into [`Waiting`].
+struct Hold {
+    cause: WaitCause,
+    reason: String,
+    budget: Option<String>,
+    group: Option<String>,
+}
+
+impl Hold {
+    fn cluster_wide(cause: WaitCause, reason: String) -> Hold {
+        Hold {
+            cause,
+            reason,
+            budget: None,
+            group: None,
+        }
+    }
+}
+
+impl From<crate::budgets::BudgetHold> for Hold {
+    fn from(hold: crate::budgets::BudgetHold) -> Hold {
+        Hold {
+            cause: hold.cause,
+            reason: hold.reason,
+            budget: Some(hold.budget),
+            group: hold.group,
+        }
+    }
 }
 
 /// The admission order of step 5: requestors with work in progress first, then requestors with
@@ -396,14 +539,14 @@ struct LimitText {
 }
 
 /// `2`, or `15% (2 of 10 nodes)` for a percentage.
-fn describe_limit(value: &IntOrString, resolved: u32, total_nodes: u32) -> String {
+pub(crate) fn describe_limit(value: &IntOrString, resolved: u32, total_nodes: u32) -> String {
     match value {
         IntOrString::Int(_) => resolved.to_string(),
         IntOrString::String(text) => format!("{text} ({resolved} of {total_nodes} nodes)"),
     }
 }
 
-fn nodes_are(n: u32) -> String {
+pub(crate) fn nodes_are(n: u32) -> String {
     if n == 1 {
         "1 node is".to_string()
     } else {
@@ -411,7 +554,7 @@ fn nodes_are(n: u32) -> String {
     }
 }
 
-fn more_in_this_round(n: u32, what: &str) -> String {
+pub(crate) fn more_in_this_round(n: u32, what: &str) -> String {
     if n == 0 {
         String::new()
     } else {
@@ -422,6 +565,11 @@ fn more_in_this_round(n: u32, what: &str) -> String {
 fn count(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+mod fleet_tests;
+#[cfg(test)]
+mod legacy;
 
 #[cfg(test)]
 mod tests {
@@ -442,6 +590,7 @@ mod tests {
             .map(|index| NodeState {
                 name: node_name(index),
                 unavailable: unavailable.contains(&index),
+                labels: BTreeMap::new(),
             })
             .collect()
     }
@@ -473,6 +622,7 @@ mod tests {
         Limits {
             max_parallel_operations,
             max_unavailable,
+            ..Limits::default()
         }
     }
 
@@ -505,7 +655,7 @@ mod tests {
     }
 
     fn run(nodes: Vec<NodeState>, requests: Vec<RequestState>, limits: &Limits) -> Decision {
-        schedule(&Snapshot { nodes, requests }, limits).unwrap()
+        schedule(&Snapshot { nodes, requests }, limits, at(0)).unwrap()
     }
 
     #[test]
@@ -812,7 +962,7 @@ mod tests {
             })
             .collect();
         let snapshot = Snapshot::from_objects(&node_objects, [&from_a_newer_operator, &next]);
-        let decision = schedule(&snapshot, &limits(int(1), Some(int(1)))).unwrap();
+        let decision = schedule(&snapshot, &limits(int(1), Some(int(1))), at(0)).unwrap();
         assert_eq!(decision.available_slots, 0);
         assert_eq!(decision.can_become_unavailable, Some(0));
         assert!(decision.scheduled.is_empty(), "{decision:#?}");
@@ -906,7 +1056,8 @@ mod tests {
 
     #[test]
     fn an_invalid_limit_names_the_field_and_the_config() {
-        let error = schedule(&Snapshot::default(), &limits(percent("lots"), None)).unwrap_err();
+        let error =
+            schedule(&Snapshot::default(), &limits(percent("lots"), None), at(0)).unwrap_err();
         let message = error.to_string();
         assert!(
             message.contains("MaintenanceOperatorConfig \"default\""),
@@ -917,7 +1068,8 @@ mod tests {
             "{message}"
         );
 
-        let error = schedule(&Snapshot::default(), &limits(int(1), Some(int(-1)))).unwrap_err();
+        let error =
+            schedule(&Snapshot::default(), &limits(int(1), Some(int(-1))), at(0)).unwrap_err();
         assert!(
             error.to_string().contains("maxUnavailable: \"-1\""),
             "{error}"
@@ -991,10 +1143,25 @@ mod tests {
             available_slots: 1,
             can_become_unavailable: None,
             scheduled: keys(&["a"]),
-            waiting: vec![Waiting {
-                key: key("b"),
-                reason: "being deleted".to_string(),
-            }],
+            waiting: vec![
+                Waiting {
+                    key: key("b"),
+                    reason: "being deleted".to_string(),
+                    cause: WaitCause::Deleting,
+                    budget: None,
+                    group: None,
+                },
+                Waiting {
+                    key: key("c"),
+                    reason: "maxGroupsInMaintenance of budget zones reached: ...".to_string(),
+                    cause: WaitCause::MaxGroupsInMaintenance,
+                    budget: Some("zones".to_string()),
+                    group: Some("b".to_string()),
+                },
+            ],
+            maintenance_windows: None,
+            budgets: Vec::new(),
+            next_window_opening: Some(at(60)),
         };
         assert_eq!(
             serde_json::to_value(&decision).unwrap(),
@@ -1002,7 +1169,16 @@ mod tests {
                 "availableSlots": 1,
                 "canBecomeUnavailable": null,
                 "scheduled": ["team/a"],
-                "waiting": [{"name": "team/b", "reason": "being deleted"}],
+                "waiting": [
+                    {"name": "team/b", "reason": "being deleted", "cause": "deleting"},
+                    {
+                        "name": "team/c",
+                        "reason": "maxGroupsInMaintenance of budget zones reached: ...",
+                        "cause": "maxGroupsInMaintenance",
+                        "budget": "zones",
+                        "group": "b",
+                    },
+                ],
             })
         );
     }
@@ -1139,6 +1315,7 @@ mod tests {
                 |(max_parallel_operations, max_unavailable)| Limits {
                     max_parallel_operations,
                     max_unavailable,
+                    ..Limits::default()
                 },
             )
         }
@@ -1170,6 +1347,7 @@ mod tests {
                         .map(|(index, unavailable)| NodeState {
                             name: node_name(index),
                             unavailable,
+                            labels: BTreeMap::new(),
                         })
                         .collect(),
                     requests: requests
@@ -1202,7 +1380,7 @@ mod tests {
 
             #[test]
             fn admissions_respect_every_limit(snapshot in arb_snapshot(), limits in arb_limits()) {
-                let decision = schedule(&snapshot, &limits).unwrap();
+                let decision = schedule(&snapshot, &limits, at(0)).unwrap();
                 let expected = Expected::new(&snapshot, &limits);
                 prop_assert_eq!(decision.available_slots, expected.available_slots);
                 prop_assert_eq!(decision.can_become_unavailable, expected.can_become_unavailable);
@@ -1231,7 +1409,7 @@ mod tests {
                 snapshot in arb_snapshot(),
                 limits in arb_limits(),
             ) {
-                let decision = schedule(&snapshot, &limits).unwrap();
+                let decision = schedule(&snapshot, &limits, at(0)).unwrap();
                 let mut reported: Vec<&RequestKey> = decision
                     .scheduled
                     .iter()
@@ -1253,7 +1431,7 @@ mod tests {
 
             #[test]
             fn admission_follows_the_order(snapshot in arb_snapshot(), limits in arb_limits()) {
-                let decision = schedule(&snapshot, &limits).unwrap();
+                let decision = schedule(&snapshot, &limits, at(0)).unwrap();
                 let expected = Expected::new(&snapshot, &limits);
                 let admitted: Vec<&RequestState> =
                     decision.scheduled.iter().map(|k| find(&snapshot, k)).collect();
@@ -1287,7 +1465,7 @@ mod tests {
 
             #[test]
             fn nothing_that_fits_is_left_waiting(snapshot in arb_snapshot(), limits in arb_limits()) {
-                let decision = schedule(&snapshot, &limits).unwrap();
+                let decision = schedule(&snapshot, &limits, at(0)).unwrap();
                 let expected = Expected::new(&snapshot, &limits);
                 let admitted: Vec<&RequestState> =
                     decision.scheduled.iter().map(|k| find(&snapshot, k)).collect();

@@ -1,3 +1,4 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -61,7 +62,119 @@ pub struct MaintenanceOperatorConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub eviction_burst: Option<i32>,
+
+    /// Our addition: limits for parts of the cluster (a node pool, each zone), on top of the two
+    /// cluster-wide limits. A request is admitted only when the cluster-wide limits and every
+    /// budget that selects its node have room. Unset or empty: no budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]), length(max = 32))]
+    pub budgets: Option<Vec<Budget>>,
+
+    /// Our addition: new requests are admitted only while one of these windows is open (work in
+    /// progress always finishes). Unset or empty: always open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub maintenance_windows: Option<Vec<MaintenanceWindow>>,
 }
+
+/// Limits for the nodes a selector picks, as a whole or per value of a label (per zone, per pool).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(GROUP_LIMITS_RULE).message(GROUP_LIMITS_MESSAGE))]
+pub struct Budget {
+    /// Names the budget in Pending messages, `plan` and metrics; unique among the budgets.
+    #[schemars(length(min = 1, max = 63), regex(pattern = BUDGET_NAME_PATTERN))]
+    pub name: String,
+
+    /// The nodes this budget covers (matchLabels and matchExpressions, as in a Deployment's
+    /// selector). Unset or empty: every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+
+    /// A node label (e.g. `topology.kubernetes.io/zone`): the limits below then apply to each
+    /// group of covered nodes sharing a value of this label, separately. Covered nodes without the
+    /// label form one group of their own. Unset: the limits apply to all covered nodes together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 317), regex(pattern = LABEL_KEY_PATTERN))]
+    pub group_by_label: Option<String>,
+
+    /// Most covered nodes in maintenance at once (per group with `groupByLabel`): an integer or a
+    /// percentage of the covered nodes (rounded up). Unset: no limit from this budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(INT_OR_PERCENT_RULE).message(INT_OR_PERCENT_MESSAGE))]
+    // "100%" at most: a bound keeps the CEL rule's estimated cost within the API server's budget.
+    #[schemars(extend("maxLength" = 4))]
+    pub max_parallel_operations: Option<IntOrString>,
+
+    /// Most covered nodes unavailable at once (in maintenance, unschedulable or not Ready; per
+    /// group with `groupByLabel`): an integer or a percentage of the covered nodes (rounded down).
+    /// Unset: no limit from this budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(INT_OR_PERCENT_RULE).message(INT_OR_PERCENT_MESSAGE))]
+    #[schemars(extend("maxLength" = 4))]
+    pub max_unavailable: Option<IntOrString>,
+
+    /// With `groupByLabel`: most groups with a node in maintenance at once (1 = one zone at a
+    /// time). Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_groups_in_maintenance: Option<i32>,
+
+    /// With `groupByLabel`: most groups with an unavailable node (in maintenance, unschedulable
+    /// or not Ready) at once (1 = at most one zone unavailable at a time). Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_unavailable_groups: Option<i32>,
+
+    /// New requests on covered nodes are admitted only while one of these windows is open (and
+    /// the cluster-wide windows, if any, too). Unset or empty: always open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub maintenance_windows: Option<Vec<MaintenanceWindow>>,
+}
+
+/// A recurring window: it opens at each time `schedule` fires and stays open for `duration`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// When the window opens: a 5-field crontab expression (minute hour day-of-month month
+    /// day-of-week, e.g. `0 1 * * 1-5` for 01:00 on weekdays) or `@daily`, `@weekly`, ...
+    #[schemars(length(min = 1, max = 128), regex(pattern = CRON_PATTERN))]
+    pub schedule: String,
+
+    /// How long the window stays open after each opening: hours, minutes and seconds such as
+    /// `2h`, `90m` or `1h30m` (elapsed time, so a DST change does not stretch it).
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be longer than zero, like \"2h\", \"90m\" or \"1h30m\""))]
+    pub duration: String,
+
+    /// The IANA time zone `schedule` is read in (e.g. `Europe/Berlin`). Default `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = TIME_ZONE_PATTERN), extend("default" = "UTC"))]
+    pub time_zone: Option<String>,
+}
+
+impl MaintenanceWindow {
+    pub fn time_zone(&self) -> &str {
+        self.time_zone.as_deref().unwrap_or("UTC")
+    }
+}
+
+/// A budget name: a DNS label, so that it reads well in messages and metric labels.
+const BUDGET_NAME_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
+const LABEL_KEY_PATTERN: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+/// Five space-separated crontab fields, or one of the `@` shorthands; the scheduler parses it.
+const CRON_PATTERN: &str =
+    "^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[^ ]+( +[^ ]+){4})$";
+/// Hours, minutes, seconds: `2h`, `90m`, `1h30m`, `45s`.
+const DURATION_PATTERN: &str = "^([0-9]+h)?([0-9]+m)?([0-9]+s)?$";
+/// An IANA time zone name such as `Europe/Berlin`, `America/Argentina/Buenos_Aires` or `UTC`.
+const TIME_ZONE_PATTERN: &str = "^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$";
+/// Group-count limits only make sense with groups.
+const GROUP_LIMITS_RULE: &str = "has(self.groupByLabel) || (!has(self.maxGroupsInMaintenance) && !has(self.maxUnavailableGroups))";
+const GROUP_LIMITS_MESSAGE: &str =
+    "maxGroupsInMaintenance and maxUnavailableGroups count groups: set groupByLabel too";
 
 impl MaintenanceOperatorConfigSpec {
     pub fn max_parallel_operations(&self) -> IntOrString {
@@ -83,6 +196,12 @@ impl MaintenanceOperatorConfigSpec {
     pub fn eviction_burst(&self) -> u32 {
         self.eviction_burst
             .map_or(DEFAULT_EVICTION_BURST, |v| v.max(1).unsigned_abs())
+    }
+    pub fn budgets(&self) -> &[Budget] {
+        self.budgets.as_deref().unwrap_or_default()
+    }
+    pub fn maintenance_windows(&self) -> &[MaintenanceWindow] {
+        self.maintenance_windows.as_deref().unwrap_or_default()
     }
 }
 

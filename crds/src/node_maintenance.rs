@@ -1,4 +1,4 @@
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -229,6 +229,15 @@ pub struct DrainSpec {
     /// Evict only pods matching one of these filters (OR-ed); empty means no filtering.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_eviction_filters: Option<Vec<PodEvictionFilterEntry>>,
+    /// Our addition, opt-in: this many seconds after the drain began, pods whose eviction a
+    /// PodDisruptionBudget still refuses are deleted instead (with their own grace period),
+    /// bypassing the budget; each deletion is a Warning Event naming the pod and the budget.
+    /// Absent means never. At least 1: there is no "at once" (that would ignore budgets
+    /// altogether) and no 0 (which means "forever" in `timeoutSeconds`). Independent of
+    /// `timeoutSeconds`, which only reports the failure and keeps retrying.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub force_delete_after_seconds: Option<i32>,
 }
 
 impl DrainSpec {
@@ -246,6 +255,13 @@ impl DrainSpec {
     }
     pub fn pod_eviction_filters(&self) -> &[PodEvictionFilterEntry] {
         self.pod_eviction_filters.as_deref().unwrap_or_default()
+    }
+    /// The escalation deadline from the start of the drain; `None` (never) when absent. A value
+    /// below 1, which the CRD refuses, counts as 1 rather than as never: the requestor asked
+    /// for an escalation.
+    pub fn force_delete_after(&self) -> Option<std::time::Duration> {
+        self.force_delete_after_seconds
+            .map(|s| std::time::Duration::from_secs(u64::from(s.max(1).unsigned_abs())))
     }
 }
 
@@ -285,6 +301,10 @@ pub struct DrainStatus {
     /// Why each remaining pod is still there (our addition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocked: Vec<BlockedPod>,
+    /// Pods this drain deleted past `drainSpec.forceDeleteAfterSeconds`, bypassing the
+    /// PodDisruptionBudget that refused their eviction (our addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub force_deleted: Vec<ForceDeletedPod>,
 }
 
 /// A pod the drain cannot remove yet, and why.
@@ -297,6 +317,18 @@ pub struct BlockedPod {
     pub reason: String,
     /// What a person needs to know, e.g. the PDB with its healthy counts.
     pub message: String,
+}
+
+/// A pod deleted instead of evicted, and the budget that deletion bypassed.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForceDeletedPod {
+    /// namespace/name of the pod.
+    pub pod: String,
+    /// Name of the PodDisruptionBudget (in the pod's namespace) whose refusal was bypassed.
+    pub pdb: String,
+    /// When the API server accepted the deletion.
+    pub deleted_at: Time,
 }
 
 impl NodeMaintenance {
@@ -363,7 +395,6 @@ mod tests {
             assert!(requestor_id_problem(bad).is_some(), "{bad}");
         }
     }
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn with_ready_reason(reason: Option<&str>) -> NodeMaintenance {
         NodeMaintenance {

@@ -97,6 +97,10 @@ pub struct PlanCommandArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = plan::OutputFormat::Table)]
     pub output: plan::OutputFormat,
+
+    /// Plan as if it were this time (RFC 3339): which maintenance windows are open. Default: now.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<jiff::Timestamp>,
 }
 
 /// How a command ended when it did not fail with an error.
@@ -127,6 +131,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             from_file: args.from_file,
             output: args.output,
             namespace: cli.global.operator_namespace.clone(),
+            at: args.at,
         })
         .await
         .map(|()| Outcome::Success),

@@ -50,6 +50,12 @@ pub struct MaintenanceFlags {
     #[arg(long, value_name = "SELECTOR")]
     pub pod_selector: Option<String>,
 
+    /// This many seconds after the drain began, DELETE the pods whose eviction a
+    /// PodDisruptionBudget still refuses, bypassing the budget (drainSpec.forceDeleteAfterSeconds;
+    /// the workload may drop below what its owner declared). Implies --drain.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(i32).range(1..))]
+    pub force_delete_after: Option<i32>,
+
     /// Before draining, wait until the pods this selector matches have completed (`''` waits for
     /// every pod on the node).
     #[arg(long, value_name = "SELECTOR")]
@@ -77,6 +83,7 @@ impl MaintenanceFlags {
             || self.delete_empty_dir
             || self.timeout.is_some()
             || self.pod_selector.is_some()
+            || self.force_delete_after.is_some()
     }
 
     /// Checks the selectors and the prefix before anything is created.
@@ -130,6 +137,7 @@ impl MaintenanceFlags {
                 timeout_seconds: self.timeout,
                 delete_empty_dir: Some(self.delete_empty_dir),
                 pod_eviction_filters: None,
+                force_delete_after_seconds: self.force_delete_after,
             }),
         }
     }
@@ -171,7 +179,7 @@ struct Effective {
     cordon: bool,
     additional_requestors: Vec<String>,
     wait: Option<(String, u32)>,
-    drain: Option<(bool, bool, u32, String, usize)>,
+    drain: Option<(bool, bool, u32, String, usize, Option<i32>)>,
 }
 
 impl Effective {
@@ -196,6 +204,7 @@ impl Effective {
                     d.timeout_seconds(),
                     d.pod_selector.clone().unwrap_or_default(),
                     d.pod_eviction_filters().len(),
+                    d.force_delete_after_seconds,
                 )
             }),
         }
@@ -352,6 +361,13 @@ mod tests {
         assert!(!drain.delete_empty_dir());
         assert_eq!(drain.timeout_seconds(), 300);
         assert_eq!(spec.cordon, None);
+        let deadline = MaintenanceFlags {
+            force_delete_after: Some(600),
+            ..Default::default()
+        };
+        let drain = deadline.spec("n", "r", &[]).drain_spec.unwrap_or_default();
+        assert_eq!(drain.force_delete_after_seconds, Some(600));
+        assert!(!drain.force());
     }
 
     #[test]

@@ -281,6 +281,7 @@ mod tests {
                     message: String::new(),
                 },
             ],
+            ..DrainStatus::default()
         };
         let mut nm = request(Some("Draining"), Some(drain));
         if let Some(status) = nm.status.as_mut() {

@@ -79,6 +79,9 @@ pub const DEFAULT_GRACE_SECONDS: i64 = 1;
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// Field manager of the server-side applies made here.
 pub const FIELD_MANAGER: &str = "maintenance-operator-tests";
+/// The identity of the testbed's admin kubeconfig, which the shared operator (and the tests) use:
+/// in the audit log, its pod deletions in a test's namespace are the operator's.
+pub const ADMIN_USER: &str = "testbed-admin";
 
 const UNREADY_TAINTS: [&str; 2] = [
     "node.kubernetes.io/not-ready",
@@ -1015,6 +1018,41 @@ pub async fn wait_pdb_disruptions_allowed(
     .await
 }
 
+/// A Deployment of `replicas` pods labelled `app=<app>` on `node` only, and a PDB with
+/// minAvailable = replicas: every eviction is refused. Waits until the budget allows nothing.
+pub async fn blocked_workload(
+    client: &Client,
+    ns: &str,
+    app: &str,
+    node: &str,
+    replicas: i32,
+    timeout: Duration,
+) -> Result<Vec<Pod>> {
+    let labels = [("app", app)];
+    create_deployment(
+        client,
+        ns,
+        app,
+        replicas,
+        &labels,
+        &PodSpecOptions::on_node(node),
+    )
+    .await?;
+    let pods = wait_pods_ready(
+        client,
+        ns,
+        &selector_string(&labels),
+        usize::try_from(replicas)?,
+        timeout,
+    )
+    .await?;
+    create_pdb_min_available(client, ns, app, &labels, IntOrString::Int(replicas)).await?;
+    wait_pdb_disruptions_allowed(client, ns, app, 0, timeout)
+        .await
+        .context("precondition: the PodDisruptionBudget must allow no disruption")?;
+    Ok(pods)
+}
+
 // ---------------------------------------------------------------------------------------------
 // CRDs
 
@@ -1076,6 +1114,21 @@ pub async fn apply_crds(client: &Client) -> Result<Vec<CustomResourceDefinition>
         crds.push(crd);
     }
     Ok(crds)
+}
+
+/// Creating `obj` must fail with 422 (the CRD schema or a CEL rule refused it) and a message
+/// containing every one of `needles`.
+pub async fn expect_invalid<K>(api: &Api<K>, obj: &K, needles: &[&str]) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), obj).await {
+        Ok(created) => bail!("the API server accepted an invalid object: {created:?}"),
+        Err(err) => match api_error(&err) {
+            Some((422, message)) if needles.iter().all(|n| message.contains(n)) => Ok(()),
+            _ => bail!("want 422 mentioning {needles:?}, got {err:?}"),
+        },
+    }
 }
 
 /// The HTTP status and message of an API error, if `err` is one.

@@ -15,7 +15,7 @@ use maintenance_crds::{
 };
 
 use super::*;
-use crate::fixtures::{bare, created_at, pod, terminating, with_phase};
+use crate::fixtures::{bare, created_at, owned_by, pod, terminating, with_phase};
 
 const SCHEDULABLE: NodeView = NodeView::Present {
     unschedulable: false,
@@ -985,7 +985,7 @@ fn a_restart_resumes_from_the_object() {
         eviction_pods: 10,
         drain_progress: 90,
         wait_for_eviction: vec!["app/web-1".into()],
-        blocked: Vec::new(),
+        ..DrainStatus::default()
     });
     let pods = [terminating(pod("app", "web-1"))];
     let step = run(&nm, CORDONED, Some(&pods), at(50));
@@ -1055,4 +1055,347 @@ fn newer_versions_only_move_forward() {
     let current = request(Phase::Draining);
     assert!(!is_newer_version(&old, &current));
     assert!(is_newer_version(&current, &old));
+}
+
+// ---- the escalation deadline (drainSpec.forceDeleteAfterSeconds) ----
+
+fn with_force_delete_after(mut nm: NodeMaintenance, seconds: i32) -> NodeMaintenance {
+    if let Some(drain) = nm.spec.drain_spec.as_mut() {
+        drain.force_delete_after_seconds = Some(seconds);
+    }
+    nm
+}
+
+/// The fixtures' UID of `namespace/name`.
+fn uid_of(key: &str) -> String {
+    format!("uid-{}", key.replace('/', "-"))
+}
+
+fn refused_by(pdb: Option<&str>) -> EvictionOutcome {
+    EvictionOutcome::Refused {
+        pdb: pdb.map(str::to_string),
+        message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+    }
+}
+
+fn answer(ledger: &mut Ledger, key: &str, outcome: EvictionOutcome, now: Timestamp) {
+    ledger.record(key, Some(&uid_of(key)), outcome, now, 0.5);
+}
+
+/// (pod, PDB) of every deletion the step orders.
+fn force_deleted(step: &Step) -> Vec<(String, String)> {
+    step.actions
+        .iter()
+        .flat_map(|a| match a {
+            Action::ForceDelete(orders) => orders
+                .iter()
+                .map(|o| (o.key.clone(), o.pdb.clone()))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// A status after a round trip through the API server (JSON, times to the second).
+fn on_the_wire(status: &NodeMaintenanceStatus) -> NodeMaintenanceStatus {
+    serde_json::to_value(status)
+        .and_then(serde_json::from_value)
+        .expect("the status round-trips through JSON")
+}
+
+fn written_drain(step: &Step) -> DrainStatus {
+    status_writes(step)
+        .last()
+        .and_then(|w| w.status.drain.clone())
+        .expect("a drain status write")
+}
+
+/// Pods of every kind the drain meets, each eviction answered at(1).
+fn drain_with_every_answer(nm: &NodeMaintenance) -> (Vec<Pod>, Ledger) {
+    let mut mirror = pod("app", "static");
+    mirror
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(drain_plan::MIRROR_POD_ANNOTATION.into(), "hash".into());
+    let pods = vec![
+        pod("app", "web-1"),
+        pod("app", "web-2"),
+        // 429 without a budget's name: the API server's own throttling, not a budget.
+        pod("app", "throttled"),
+        pod("app", "two-pdbs"),
+        pod("app", "flaky"),
+        pod("app", "leaving"),
+        // Arrived after the drain began: evicted, but never holds the drain.
+        created_at(pod("app", "newcomer"), at(1)),
+        bare("app", "manual"),
+        owned_by(bare("app", "agent"), "DaemonSet"),
+        mirror,
+    ];
+    let mut ledger = Ledger::default();
+    let step = run_with(nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert_eq!(
+        evicted(&step),
+        [
+            "app/flaky",
+            "app/leaving",
+            "app/newcomer",
+            "app/throttled",
+            "app/two-pdbs",
+            "app/web-1",
+            "app/web-2"
+        ]
+    );
+    for (key, outcome) in [
+        ("app/web-1", refused_by(Some("web"))),
+        ("app/web-2", refused_by(Some("web"))),
+        ("app/throttled", refused_by(None)),
+        (
+            "app/two-pdbs",
+            EvictionOutcome::MultiplePdbs {
+                message: "This pod has more than one PodDisruptionBudget".into(),
+            },
+        ),
+        (
+            "app/flaky",
+            EvictionOutcome::Error {
+                code: Some(500),
+                message: "etcd timeout".into(),
+            },
+        ),
+        ("app/leaving", EvictionOutcome::Evicted),
+        ("app/newcomer", refused_by(Some("web"))),
+    ] {
+        answer(&mut ledger, key, outcome, at(1));
+    }
+    (pods, ledger)
+}
+
+/// Before the deadline nothing is deleted and the step is woken at the deadline (not at the next
+/// heartbeat); at the deadline exactly the pods a named budget refuses are deleted, with the
+/// budget's name, instead of evicted again. Pods held back by the spec (no controller), refused
+/// for another reason, newcomers, DaemonSet and mirror pods are left to the existing rules.
+#[test]
+fn the_deadline_deletes_exactly_the_pods_a_budget_refuses() {
+    let nm = with_force_delete_after(with_drain(request(Phase::Draining), 300), 60);
+    let (pods, ledger) = drain_with_every_answer(&nm);
+
+    let mut early = ledger.clone();
+    let step = run_with(&nm, CORDONED, Some(&pods), at(58), &mut early);
+    assert!(force_deleted(&step).is_empty(), "{step:?}");
+    // The heartbeat would come at 63 s: the deadline wins.
+    assert_eq!(step.wake_at, Some(after(at(60), TIMER_SLACK)));
+
+    let mut ledger = ledger;
+    let step = run_with(&nm, CORDONED, Some(&pods), at(60), &mut ledger);
+    assert_eq!(
+        force_deleted(&step),
+        [
+            ("app/web-1".to_string(), "web".to_string()),
+            ("app/web-2".to_string(), "web".to_string())
+        ]
+    );
+    let evicted_now = evicted(&step);
+    assert!(
+        !evicted_now.iter().any(|k| k.starts_with("app/web-")),
+        "deleted instead of evicted: {evicted_now:?}"
+    );
+    assert!(
+        evicted_now.contains(&"app/newcomer".to_string()),
+        "a newcomer is only evicted again: {evicted_now:?}"
+    );
+    let Some(Action::ForceDelete(orders)) = step
+        .actions
+        .iter()
+        .find(|a| matches!(a, Action::ForceDelete(_)))
+    else {
+        panic!("no ForceDelete in {step:?}");
+    };
+    assert_eq!(orders[0].uid.as_deref(), Some("uid-app-web-1"));
+    for needle in [
+        "app/web-1",
+        "PodDisruptionBudget app/web",
+        "60s",
+        "default/maintenance",
+        "node-1",
+    ] {
+        assert!(
+            orders[0].note.contains(needle),
+            "{needle}: {}",
+            orders[0].note
+        );
+    }
+    let drain = written_drain(&step);
+    let web = drain
+        .blocked
+        .iter()
+        .find(|b| b.pod == "app/web-1")
+        .expect("web-1 listed");
+    assert!(web.message.contains("bypassing"), "{web:?}");
+}
+
+#[test]
+fn without_the_field_no_pod_is_ever_deleted() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let (pods, mut ledger) = drain_with_every_answer(&nm);
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1_000_000), &mut ledger);
+    assert!(force_deleted(&step).is_empty(), "{step:?}");
+    assert!(evicted(&step).contains(&"app/web-1".to_string()));
+    // No timer for a deadline that does not exist: the heartbeat only.
+    assert_eq!(step.wake_at, Some(after(at(1_000_000), HEARTBEAT)));
+}
+
+/// A deleted pod is terminating, then gone: never deleted twice, not after a restart either (the
+/// record is on the object), and a 404 means there is nothing left to bypass.
+#[test]
+fn a_pod_deleted_past_the_deadline_is_deleted_once_and_recorded() {
+    let nm = with_force_delete_after(with_drain(request(Phase::Draining), 300), 5);
+    let pods = [pod("app", "web-1")];
+    let mut ledger = Ledger::default();
+    run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
+    let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
+    assert_eq!(force_deleted(&step).len(), 1);
+    // In flight: no second call.
+    let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
+    assert!(force_deleted(&step).is_empty() && evicted(&step).is_empty());
+
+    let mut gone_ledger = ledger.clone();
+    gone_ledger.record_force_delete(
+        "app/web-1",
+        Some("uid-app-web-1"),
+        DeleteOutcome::Gone,
+        at(5),
+        0.5,
+    );
+    assert!(gone_ledger.force_deleted.is_empty(), "nothing was bypassed");
+
+    ledger.record_force_delete(
+        "app/web-1",
+        Some("uid-app-web-1"),
+        DeleteOutcome::Deleted,
+        after(at(5), Duration::from_millis(300)),
+        0.5,
+    );
+    assert!(
+        ledger.blocked_by_pdb().is_empty(),
+        "no longer waits on the budget"
+    );
+    let going = [terminating(pod("app", "web-1"))];
+    let step = run_with(&nm, CORDONED, Some(&going), at(6), &mut ledger);
+    assert!(force_deleted(&step).is_empty() && evicted(&step).is_empty());
+    let drain = written_drain(&step);
+    assert_eq!(
+        drain.force_deleted,
+        [ForceDeletedPod {
+            pod: "app/web-1".into(),
+            pdb: "web".into(),
+            deleted_at: Time(at(5)),
+        }]
+    );
+    assert_eq!(drain.blocked[0].reason, "Terminating");
+    assert!(
+        drain.blocked[0]
+            .message
+            .contains("bypassing PodDisruptionBudget app/web"),
+        "{:?}",
+        drain.blocked[0]
+    );
+
+    // The object as the API server keeps it (times to the second): the record is not repeated.
+    let mut written = nm.clone();
+    written.status = Some(on_the_wire(&status_writes(&step)[0].status));
+    let step = run_with(&written, CORDONED, Some(&going), at(7), &mut ledger);
+    assert!(status_writes(&step).is_empty(), "nothing changed: {step:?}");
+
+    // A restart: the ledger is empty, the object remembers.
+    let mut fresh = Ledger::default();
+    let step = run_with(&written, CORDONED, Some(&going), at(7), &mut fresh);
+    assert!(force_deleted(&step).is_empty() && evicted(&step).is_empty());
+    let step = run_with(&written, CORDONED, Some(&[]), at(8), &mut fresh);
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    let ready = status_writes(&step)[0];
+    assert_eq!(
+        ready.status.drain.as_ref().map(|d| d.force_deleted.len()),
+        Some(1)
+    );
+    let message = &ready_condition(ready).message;
+    assert!(
+        message.contains("app/web-1") && message.contains("PodDisruptionBudget web"),
+        "{message}"
+    );
+}
+
+/// A deletion the API server refuses (say, RBAC without `delete` on pods) is retried as a
+/// deletion after its backoff, and the status says what to fix.
+#[test]
+fn a_failed_deletion_is_retried_as_a_deletion() {
+    let nm = with_force_delete_after(with_drain(request(Phase::Draining), 0), 5);
+    let pods = [pod("app", "web-1")];
+    let mut ledger = Ledger::default();
+    run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
+    run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
+    ledger.record_force_delete(
+        "app/web-1",
+        Some("uid-app-web-1"),
+        DeleteOutcome::Error {
+            code: Some(403),
+            message: "pods \"web-1\" is forbidden".into(),
+        },
+        at(5),
+        0.5,
+    );
+    let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
+    assert!(force_deleted(&step).is_empty() && evicted(&step).is_empty());
+    let retry_at = ledger.evictions["app/web-1"].next_attempt;
+    assert!(retry_at > at(5));
+    let blocked = &written_drain(&step).blocked[0];
+    assert_eq!(blocked.reason, "Error");
+    assert!(
+        blocked.message.contains("HTTP 403") && blocked.message.contains("rbac.forceDelete"),
+        "{blocked:?}"
+    );
+    let step = run_with(&nm, CORDONED, Some(&pods), retry_at, &mut ledger);
+    assert_eq!(force_deleted(&step).len(), 1, "{step:?}");
+    assert!(evicted(&step).is_empty());
+}
+
+/// A request adopted mid-drain counts from its phase clock (the adoption here), not from the
+/// first Pending that NVIDIA's `lastTransitionTime` holds.
+#[test]
+fn the_deadline_of_an_adopted_request_counts_from_its_phase_clock() {
+    let nm = with_annotation(
+        with_force_delete_after(with_drain(nvidia_request(Phase::Draining), 0), 60),
+        ADMITTED_TIME_ANNOTATION,
+        Some(at(1500)),
+    );
+    let pods = [pod("app", "web-1")];
+    let mut ledger = Ledger::default();
+    run_with(&nm, CORDONED, Some(&pods), at(1500), &mut ledger);
+    answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1500));
+    let mut early = ledger.clone();
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1559), &mut early);
+    assert!(force_deleted(&step).is_empty(), "{step:?}");
+    assert_eq!(step.wake_at, Some(after(at(1560), TIMER_SLACK)));
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1560), &mut ledger);
+    assert_eq!(force_deleted(&step).len(), 1, "{step:?}");
+}
+
+/// The drain timeout and the deadline are independent: a timeout before the deadline reports
+/// and retries slowly, and the deadline deletes regardless of the slow retry's schedule.
+#[test]
+fn the_deadline_is_independent_of_the_drain_timeout() {
+    let nm = with_force_delete_after(with_drain(request(Phase::Draining), 10), 100);
+    let pods = [pod("app", "web-1")];
+    let mut ledger = Ledger::default();
+    let step = run_with(&nm, CORDONED, Some(&pods), at(10), &mut ledger);
+    assert!(events(&step).contains(&EventReason::DrainTimeout));
+    answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(90));
+    assert_eq!(
+        ledger.evictions["app/web-1"].next_attempt,
+        after(at(90), SLOW_RETRY)
+    );
+    let step = run_with(&nm, CORDONED, Some(&pods), at(100), &mut ledger);
+    assert_eq!(force_deleted(&step).len(), 1, "{step:?}");
 }

@@ -1,0 +1,230 @@
+//! The escalation deadline `drainSpec.forceDeleteAfterSeconds` on a live control plane: a pod
+//! whose PodDisruptionBudget allows no disruption is deleted (not evicted) once the deadline has
+//! passed since the drain began, and the request says so (status, Warning Events on the request
+//! and on the pod, the metric); the same drain without the field stays blocked.
+//!
+//! Who deleted what and when comes from the API server's audit log (`tests/support/audit.rs`),
+//! not from the operator's word: the shared operator runs as the testbed's admin, and nothing else
+//! deletes pods as that user in the test's namespace.
+//!
+//! ```sh
+//! PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_force_delete
+//! ```
+
+mod support;
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use maintenance_crds::{DrainSpec, NodeMaintenance, Phase, condition_type};
+use support::audit::{AuditLog, seconds_between};
+use support::operator::*;
+use support::*;
+
+/// Deadline of every wait for something the operator must do.
+const WAIT: Duration = Duration::from_secs(60);
+/// The escalation deadline of the test's request.
+const DEADLINE_SECONDS: i32 = 5;
+const REQUESTOR: &str = "force-delete.example.com";
+
+fn drain_with_deadline(deadline: Option<i32>) -> Option<DrainSpec> {
+    Some(DrainSpec {
+        force_delete_after_seconds: deadline,
+        ..DrainSpec::default()
+    })
+}
+
+/// When the request's current phase began, as the operator reads it (the `Ready` condition's
+/// `lastTransitionTime`, to the second).
+fn phase_start(request: &NodeMaintenance) -> Result<jiff::Timestamp> {
+    request
+        .condition(condition_type::READY)
+        .map(|c| c.last_transition_time.0)
+        .with_context(|| format!("{} has no Ready condition", request.key()))
+}
+
+/// The first Warning `ForceDeleted` Event about `name`.
+async fn force_deleted_event(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<k8s_openapi::api::events::v1::Event> {
+    wait_for(
+        &format!("a Warning ForceDeleted event about {ns}/{name}"),
+        WAIT,
+        || async move {
+            Ok(events_about(client, ns, name).await?.into_iter().find(|e| {
+                e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("ForceDeleted")
+            }))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_budget_is_bypassed_past_the_deadline_and_only_with_it() -> Result<()> {
+    let (client, ns, nodes) = isolated_setup("force", 2, WAIT).await?;
+    let shared = shared_cluster().await?;
+
+    // 0 is refused: "at once" would ignore budgets altogether, and 0 means "forever" in the
+    // sibling timeoutSeconds.
+    let mut zero = request_spec(&nodes[0], REQUESTOR);
+    zero.drain_spec = drain_with_deadline(Some(0));
+    match Api::<NodeMaintenance>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &NodeMaintenance::new("zero", zero))
+        .await
+    {
+        Ok(_) => bail!("the API server accepted forceDeleteAfterSeconds: 0"),
+        Err(err) => match api_error(&err) {
+            Some((422, message)) if message.contains("forceDeleteAfterSeconds") => {}
+            _ => bail!("want 422 naming forceDeleteAfterSeconds, got {err:?}"),
+        },
+    }
+
+    // One pod per node that its budget never lets go.
+    let guarded = blocked_workload(&client, &ns, "guarded", &nodes[0], 1, WAIT).await?;
+    let held = blocked_workload(&client, &ns, "held", &nodes[1], 1, WAIT).await?;
+    let (guarded, held) = (guarded[0].name_any(), held[0].name_any());
+    let mut spec = request_spec(&nodes[0], REQUESTOR);
+    spec.drain_spec = drain_with_deadline(Some(DEADLINE_SECONDS));
+    create_request(&client, &ns, "forced", spec).await?;
+    let mut spec = request_spec(&nodes[1], REQUESTOR);
+    spec.drain_spec = drain_with_deadline(None);
+    create_request(&client, &ns, "control", spec).await?;
+
+    let draining = wait_request(&client, &ns, "forced", "Draining", WAIT, |r| {
+        r.phase() == Phase::Draining
+    })
+    .await?;
+    let started = phase_start(&draining)?;
+    let ready = wait_phase(&client, &ns, "forced", Phase::Ready, WAIT).await?;
+
+    // The status names the pod and the budget it bypassed.
+    let key = format!("{ns}/{guarded}");
+    let drain = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.drain.clone())
+        .context("no status.drain")?;
+    ensure!(
+        drain.force_deleted.len() == 1
+            && drain.force_deleted[0].pod == key
+            && drain.force_deleted[0].pdb == "guarded",
+        "status.drain.forceDeleted: {:?}",
+        drain.force_deleted
+    );
+    let message = &ready
+        .condition(condition_type::READY)
+        .context("no Ready condition")?
+        .message;
+    ensure!(
+        message.contains(&key) && message.contains("guarded"),
+        "the Ready message names the pod and the budget: {message}"
+    );
+
+    // A Warning Event on the request and one on the pod, each naming both.
+    for about in ["forced", guarded.as_str()] {
+        let note = force_deleted_event(&client, &ns, about)
+            .await?
+            .note
+            .unwrap_or_default();
+        ensure!(
+            note.contains(&key) && note.contains(&format!("PodDisruptionBudget {ns}/guarded")),
+            "the Event about {about} names the pod and the budget: {note}"
+        );
+    }
+
+    // The API server's record: evictions refused by the budget, then one DELETE of the operator's,
+    // no earlier than the deadline after the drain began; the pod then terminated through its own
+    // grace period (KWOK, playing the kubelet, removed it, which a grace period of 0 would not
+    // have left it to do).
+    let audit = AuditLog::read(shared.testbed)?.in_namespace(&ns);
+    let evictions = audit.evictions_of(&ns, &guarded);
+    ensure!(
+        !evictions.is_empty() && evictions.iter().all(|e| e.code == 429),
+        "the budget refused every eviction: {:?}",
+        evictions.iter().map(|e| e.code).collect::<Vec<_>>()
+    );
+    let deletions: Vec<_> = audit
+        .pod_deletions
+        .iter()
+        .filter(|d| d.pod == guarded)
+        .collect();
+    let ours: Vec<_> = deletions.iter().filter(|d| d.user == ADMIN_USER).collect();
+    ensure!(
+        ours.len() == 1 && ours[0].code == 200,
+        "one DELETE by the operator: {deletions:?}"
+    );
+    let after = seconds_between(started, ours[0].received);
+    println!(
+        "the pod was deleted {after:.2}s after the drain began (deadline {DEADLINE_SECONDS}s)"
+    );
+    ensure!(
+        after >= f64::from(DEADLINE_SECONDS),
+        "deleted {after:.2}s after the drain began, before the {DEADLINE_SECONDS}s deadline"
+    );
+    ensure!(
+        deletions
+            .iter()
+            .any(|d| d.user != ADMIN_USER && d.received >= ours[0].received),
+        "the pod was not left to terminate with its grace period: {deletions:?}"
+    );
+
+    let sample = format!(
+        "maintenance_operator_pods_force_deleted_total{{namespace=\"{ns}\",pdb=\"guarded\"}}"
+    );
+    let counted = wait_for("the force-deletion metric", WAIT, || async {
+        Ok(shared.operator.metric(&sample).await.ok())
+    })
+    .await?;
+    ensure!(counted == 1.0, "{sample} = {counted}");
+
+    // The control, past the same deadline: still draining, its pod never deleted.
+    let control = wait_request(
+        &client,
+        &ns,
+        "control",
+        "Draining for longer than the deadline",
+        WAIT,
+        |r| {
+            r.phase() == Phase::Draining
+                && phase_start(r).is_ok_and(|at| {
+                    seconds_between(at, jiff::Timestamp::now()) > f64::from(DEADLINE_SECONDS + 1)
+                })
+        },
+    )
+    .await?;
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns)
+        .get(&held)
+        .await
+        .with_context(|| format!("the control's pod {ns}/{held}"))?;
+    ensure!(
+        pod.metadata.deletion_timestamp.is_none(),
+        "the control's pod is terminating"
+    );
+    let blocked = control
+        .status
+        .as_ref()
+        .and_then(|s| s.drain.as_ref())
+        .map(|d| (d.blocked.clone(), d.force_deleted.clone()))
+        .unwrap_or_default();
+    ensure!(
+        blocked.0.iter().any(|b| b.reason == "PDB") && blocked.1.is_empty(),
+        "the control waits on its budget: {blocked:?}"
+    );
+    let audit = AuditLog::read(shared.testbed)?.in_namespace(&ns);
+    ensure!(
+        !audit.pod_deletions.iter().any(|d| d.pod == held),
+        "the control's pod was deleted: {:?}",
+        audit.pod_deletions
+    );
+
+    for name in ["forced", "control"] {
+        delete_request(&client, &ns, name).await?;
+        wait_request_gone(&client, &ns, name, WAIT).await?;
+    }
+    Ok(())
+}
