@@ -4,18 +4,19 @@
 //! the live cluster, or on YAML (`kubectl get -o yaml` output or hand-written manifests), and shows
 //! what would be admitted and why everything else waits. It never writes anything.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
 use maintenance_core::budgets::{BudgetStatus, WindowStatus};
-use maintenance_core::plan_input::plan_objects;
+use maintenance_core::plan_input::{DrainObservations, plan_objects_with};
 pub use maintenance_core::plan_input::{PlanReport, plan_from_yaml};
-use maintenance_crds::{DEFAULT_CONFIG_NAME, MaintenanceOperatorConfig, NodeMaintenance};
+use maintenance_crds::{DEFAULT_CONFIG_NAME, MaintenanceOperatorConfig, NodeMaintenance, Phase};
 
 use crate::list_all;
 
@@ -119,7 +120,7 @@ async fn plan_from_cluster(
             "cannot list NodeMaintenances in all namespaces: is the CRD installed \
              (crds/crds.yaml) and may your account list them?",
         )?;
-    let config = Api::<MaintenanceOperatorConfig>::namespaced(client, operator_namespace)
+    let config = Api::<MaintenanceOperatorConfig>::namespaced(client.clone(), operator_namespace)
         .get_opt(DEFAULT_CONFIG_NAME)
         .await
         .with_context(|| {
@@ -128,10 +129,38 @@ async fn plan_from_cluster(
                  {operator_namespace}: is the CRD installed (crds/crds.yaml)?"
             )
         })?;
-    Ok(plan_objects(
+    let spec = config.as_ref().map(|config| &config.spec);
+    // preferDrainable: read the PDBs and the pods of the nodes of Pending requests, as the
+    // operator does (by node, never all pods of the cluster).
+    let mut pods: Vec<Pod> = Vec::new();
+    let mut pdbs: Vec<PodDisruptionBudget> = Vec::new();
+    let prefer = spec.is_some_and(|s| s.admission().prefer_drainable());
+    if prefer {
+        pdbs = list_all(&Api::all(client.clone()), ListParams::default())
+            .await
+            .context("cannot list PodDisruptionBudgets (admission.preferDrainable is on): check that your account may list them")?;
+        let pending_nodes: BTreeSet<&str> = requests
+            .iter()
+            .filter(|r| r.phase() == Phase::Pending && r.spec.drain_spec.is_some())
+            .map(|r| r.spec.node_name.as_str())
+            .collect();
+        for node in pending_nodes {
+            let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+            pods.extend(
+                list_all::<Pod>(&Api::all(client.clone()), params)
+                    .await
+                    .with_context(|| format!("cannot list the pods of node {node} (admission.preferDrainable is on): check that your account may list pods"))?,
+            );
+        }
+    }
+    Ok(plan_objects_with(
         &nodes,
         &requests,
-        config.as_ref().map(|config| &config.spec),
+        spec,
+        prefer.then_some(DrainObservations {
+            pods: &pods,
+            pdbs: &pdbs,
+        }),
         operator_namespace,
         now,
     )?)

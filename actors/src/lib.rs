@@ -3,6 +3,7 @@
 //! `maintenance-core`.
 
 pub mod context;
+pub mod drainability;
 pub mod evictor;
 pub mod metrics;
 pub mod node_actor;

@@ -30,6 +30,7 @@ use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
 use crate::task::AbortOnDrop;
 use maintenance_core::collection::{self, Cause};
 use maintenance_core::conditions::annotation_value;
+use maintenance_core::drainability::PreferDrainable;
 use maintenance_core::explain::{Explanations, Observed};
 use maintenance_core::lifecycle::EventReason;
 use maintenance_core::ownership::{self, NodeIdentity};
@@ -329,8 +330,20 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         }
     }
     update_phase_gauge(&ctx, &requests);
+    let mut prefer = PreferDrainable::from_config(config_spec.as_ref());
+    if prefer.enabled {
+        let unadmitted: Vec<Arc<NodeMaintenance>> = requests
+            .iter()
+            .filter(|r| r.uid().is_none_or(|uid| !state.admitted.contains(&uid)))
+            .cloned()
+            .collect();
+        prefer.blocked = crate::drainability::observe_blockers(&ctx, &unadmitted, |node| {
+            nodes_by_name.contains_key(node)
+        })
+        .await;
+    }
     let now = jiff::Timestamp::now();
-    match scheduler::schedule(&snapshot, &limits, now) {
+    match scheduler::schedule_with(&snapshot, &limits, &prefer, now) {
         Ok(decision) => {
             ctx.metrics
                 .available_slots

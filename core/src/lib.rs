@@ -6,9 +6,11 @@
 
 pub mod admission;
 pub mod budgets;
+pub mod capacity;
 pub mod collection;
 pub mod conditions;
 pub mod drain_plan;
+pub mod drainability;
 pub mod eviction;
 pub mod explain;
 #[cfg(test)]

@@ -6,7 +6,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use maintenance_crds::{
     DEFAULT_CONFIG_NAME, GROUP, MaintenanceOperatorConfigSpec, NodeMaintenance, VERSION,
@@ -15,7 +16,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::scheduler::{Decision, Limits, ScheduleError, Snapshot, schedule};
+use crate::drainability::{PreferDrainable, blocked_requests};
+use crate::scheduler::{Decision, Limits, ScheduleError, Snapshot, schedule_with};
 
 /// Where a NodeMaintenance without `metadata.namespace` would land with `kubectl apply`.
 const DEFAULT_REQUEST_NAMESPACE: &str = "default";
@@ -392,13 +394,46 @@ pub fn plan_objects(
     operator_namespace: &str,
     now: jiff::Timestamp,
 ) -> Result<PlanReport, ScheduleError> {
+    plan_objects_with(nodes, requests, config, None, operator_namespace, now)
+}
+
+/// The pods (of the nodes of Pending requests, at least) and the PodDisruptionBudgets that
+/// `preferDrainable` looks at.
+pub struct DrainObservations<'a> {
+    pub pods: &'a [Pod],
+    pub pdbs: &'a [PodDisruptionBudget],
+}
+
+/// [`plan_objects`] with what `preferDrainable` needs; `None`: not read (then the plan says so).
+pub fn plan_objects_with(
+    nodes: &[Node],
+    requests: &[NodeMaintenance],
+    config: Option<&MaintenanceOperatorConfigSpec>,
+    observed: Option<DrainObservations<'_>>,
+    operator_namespace: &str,
+    now: jiff::Timestamp,
+) -> Result<PlanReport, ScheduleError> {
     let snapshot = Snapshot::from_objects(nodes, requests);
-    let decision = schedule(&snapshot, &Limits::from_config(config), now)?;
-    let notes = if config.is_none() {
+    let mut prefer = PreferDrainable::from_config(config);
+    let mut notes = if config.is_none() {
         vec![no_config_note(operator_namespace)]
     } else {
         Vec::new()
     };
+    if prefer.enabled {
+        match observed {
+            Some(observed) => {
+                prefer.blocked = blocked_requests(requests, observed.pods, observed.pdbs, None);
+            }
+            None => notes.push(
+                "admission.preferDrainable is on, but this plan read no pods or \
+                 PodDisruptionBudgets (planning from a file): requests are shown in their plain \
+                 order, without drain-aware reordering"
+                    .to_string(),
+            ),
+        }
+    }
+    let decision = schedule_with(&snapshot, &Limits::from_config(config), &prefer, now)?;
     Ok(PlanReport {
         decision,
         snapshot,
@@ -539,6 +574,24 @@ spec:
             Ok(report) => panic!("expected an error, got {report:#?}"),
             Err(error) => error.to_string(),
         }
+    }
+
+    #[test]
+    fn prefer_drainable_from_a_file_says_that_it_read_no_pods() {
+        let mut parts = cluster(2, &[], &[0, 1]);
+        parts.push(config_yaml(
+            "default",
+            OPERATOR_NAMESPACE,
+            "  admission:\n    preferDrainable: true\n",
+        ));
+        let report = plan(&documents(&parts));
+        assert_eq!(scheduled(&report), ["team/r0"]);
+        assert_eq!(report.notes.len(), 1, "{:?}", report.notes);
+        assert!(
+            report.notes[0].contains("read no pods or PodDisruptionBudgets"),
+            "{:?}",
+            report.notes
+        );
     }
 
     #[test]

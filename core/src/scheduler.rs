@@ -20,6 +20,7 @@ use maintenance_crds::{
 use serde::{Serialize, Serializer};
 
 use crate::budgets::{BudgetError, BudgetStatus, Budgets, WindowStatus, outside_windows};
+use crate::drainability::PreferDrainable;
 use crate::windows::{WindowError, WindowState, Windows};
 
 /// Spec field names, used in messages so that a user knows what to edit.
@@ -186,6 +187,9 @@ pub enum WaitCause {
     MaxUnavailable,
     MaxGroupsInMaintenance,
     MaxUnavailableGroups,
+    /// `preferDrainable`: passed over for requests whose drain can make progress now, because
+    /// this one's would wait on a PodDisruptionBudget (named in the reason).
+    DrainBlocked,
 }
 
 /// A Pending request that this round does not admit, and why.
@@ -247,6 +251,19 @@ pub enum ScheduleError {
 pub fn schedule(
     snapshot: &Snapshot,
     limits: &Limits,
+    now: jiff::Timestamp,
+) -> Result<Decision, ScheduleError> {
+    schedule_with(snapshot, limits, &PreferDrainable::default(), now)
+}
+
+/// [`schedule`] with `preferDrainable`: requests whose drain would only wait on a
+/// PodDisruptionBudget (and that have not yet aged past the bound) move behind all others, keeping
+/// their order among themselves; everything else is the plain round. Moving back never refuses a
+/// request: a slot left over after the drainable ones still goes to a blocked one.
+pub fn schedule_with(
+    snapshot: &Snapshot,
+    limits: &Limits,
+    prefer: &PreferDrainable,
     now: jiff::Timestamp,
 ) -> Result<Decision, ScheduleError> {
     let total_nodes = count(snapshot.nodes.len());
@@ -328,6 +345,10 @@ pub fn schedule(
         .filter(|r| r.is_pending())
         .collect();
     pending.sort_by(|a, b| order.compare(a, b));
+    if prefer.enabled {
+        // A stable sort: false (keeps its place) before true (moved back).
+        pending.sort_by_key(|r| prefer.pass_over(r, now).is_some());
+    }
 
     let limit_text = LimitText {
         max_parallel_operations: describe_limit(
@@ -409,6 +430,7 @@ pub fn schedule(
         } else {
             cluster_wide(WaitCause::NodeNotFound, format!("node {node} not found"))
         };
+        let hold = hold.map(|hold| passed_over(hold, request, prefer, now));
         if let Some(hold) = hold {
             waiting.push(Waiting {
                 key: request.key(),
@@ -438,6 +460,41 @@ pub fn schedule(
             .chain(budgets.next_window_opening())
             .min(),
     })
+}
+
+/// A moved-back request that waits for a slot says why it is behind: its drain would wait on a
+/// budget (named), and when it takes its plain place again. The slot limit stays in the reason.
+fn passed_over(
+    hold: Hold,
+    request: &RequestState,
+    prefer: &PreferDrainable,
+    now: jiff::Timestamp,
+) -> Hold {
+    let Some(blocker) = prefer.pass_over(request, now) else {
+        return hold;
+    };
+    let slot_limit = matches!(
+        hold.cause,
+        WaitCause::MaxParallelOperations
+            | WaitCause::MaxUnavailable
+            | WaitCause::MaxGroupsInMaintenance
+            | WaitCause::MaxUnavailableGroups
+    );
+    if !slot_limit {
+        return hold;
+    }
+    let until = prefer
+        .ages_at(request)
+        .map(|at| format!(" until {at}"))
+        .unwrap_or_default();
+    Hold {
+        cause: WaitCause::DrainBlocked,
+        reason: format!(
+            "passed over for nodes whose drain can proceed{until}: {blocker} ({})",
+            hold.reason
+        ),
+        ..hold
+    }
 }
 
 /// Why a request waits, before it is written into [`Waiting`].

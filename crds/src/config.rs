@@ -75,6 +75,47 @@ pub struct MaintenanceOperatorConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub maintenance_windows: Option<Vec<MaintenanceWindow>>,
+
+    /// Our addition: how Pending requests are ordered for admission beyond the plain order.
+    /// Unset: the plain order (oldest first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Admission>,
+}
+
+/// Default for `admission.maxPassOverSeconds`: ten minutes, long enough for a PDB to recover from
+/// a rolling restart, short enough that a blocked node is not forgotten.
+pub const DEFAULT_MAX_PASS_OVER_SECONDS: i32 = 600;
+
+/// Admission preferences; each is off unless set.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Admission {
+    /// Prefer nodes whose drain can make progress now: every pod the drain would evict is
+    /// guarded by no PodDisruptionBudget or only by budgets that allow a disruption. Requests
+    /// whose drain would wait on a budget are passed over for such nodes (their Pending message
+    /// names the budget) until they have waited `maxPassOverSeconds`. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer_drainable: Option<bool>,
+
+    /// With `preferDrainable`: a request older than this many seconds (from its creation) is no
+    /// longer passed over and takes its plain place in the order. Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 600), range(min = 0))]
+    pub max_pass_over_seconds: Option<i32>,
+}
+
+impl Admission {
+    pub fn prefer_drainable(&self) -> bool {
+        self.prefer_drainable.unwrap_or(false)
+    }
+    /// How long a request whose drain would wait may be passed over.
+    pub fn max_pass_over_seconds(&self) -> i64 {
+        i64::from(
+            self.max_pass_over_seconds
+                .unwrap_or(DEFAULT_MAX_PASS_OVER_SECONDS)
+                .max(0),
+        )
+    }
 }
 
 /// Limits for the nodes a selector picks, as a whole or per value of a label (per zone, per pool).
@@ -199,6 +240,9 @@ impl MaintenanceOperatorConfigSpec {
     }
     pub fn budgets(&self) -> &[Budget] {
         self.budgets.as_deref().unwrap_or_default()
+    }
+    pub fn admission(&self) -> Admission {
+        self.admission.clone().unwrap_or_default()
     }
     pub fn maintenance_windows(&self) -> &[MaintenanceWindow] {
         self.maintenance_windows.as_deref().unwrap_or_default()

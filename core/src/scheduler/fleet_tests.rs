@@ -4,6 +4,7 @@
 use super::legacy::legacy_schedule;
 use super::*;
 use crate::budgets::{GroupCount, GroupStatus};
+use crate::drainability::{DrainBlocker, PreferDrainable};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 const NAMESPACE: &str = "team";
@@ -582,6 +583,112 @@ fn an_unusable_budget_or_window_stops_admission_and_says_what_to_fix() {
     }
 }
 
+fn blocker(pdb: &str) -> DrainBlocker {
+    DrainBlocker {
+        pod: "app/web-1".to_string(),
+        pdb: pdb.to_string(),
+        disruptions_allowed: 0,
+    }
+}
+
+fn prefer(blocked: &[(&str, &str)]) -> PreferDrainable {
+    PreferDrainable {
+        enabled: true,
+        max_pass_over_seconds: 600,
+        blocked: blocked
+            .iter()
+            .map(|(name, pdb)| (key(name), blocker(pdb)))
+            .collect(),
+    }
+}
+
+#[test]
+fn prefer_drainable_admits_a_drainable_node_before_an_older_blocked_one() {
+    let snapshot = Snapshot {
+        nodes: vec![node("n1", false, &[]), node("n2", false, &[])],
+        requests: vec![
+            request("old", "n1", Phase::Pending, 0),
+            request("new", "n2", Phase::Pending, 10),
+        ],
+    };
+    let limits = Limits {
+        max_parallel_operations: int(1),
+        ..Limits::default()
+    };
+    let decision =
+        schedule_with(&snapshot, &limits, &prefer(&[("old", "app/web")]), at(60)).unwrap();
+    assert_eq!(decision.scheduled, keys(&["new"]));
+    assert_eq!(decision.waiting.len(), 1);
+    let waiting = &decision.waiting[0];
+    assert_eq!(waiting.cause, WaitCause::DrainBlocked);
+    assert!(
+        waiting.reason.starts_with(
+            "passed over for nodes whose drain can proceed until 2023-11-14T22:23:20Z: evicting pod app/web-1 would wait on PodDisruptionBudget app/web (0 disruptions allowed) (no free slot: maxParallelOperations=1"
+        ),
+        "{}",
+        waiting.reason
+    );
+    assert!(
+        waiting
+            .reason
+            .contains("(no free slot: maxParallelOperations=1"),
+        "{}",
+        waiting.reason
+    );
+
+    // Off: the plain order.
+    let off = PreferDrainable {
+        enabled: false,
+        ..prefer(&[("old", "app/web")])
+    };
+    let decision = schedule_with(&snapshot, &limits, &off, at(60)).unwrap();
+    assert_eq!(decision.scheduled, keys(&["old"]));
+}
+
+#[test]
+fn a_passed_over_request_ages_and_wins() {
+    let snapshot = Snapshot {
+        nodes: vec![node("n1", false, &[]), node("n2", false, &[])],
+        requests: vec![
+            request("old", "n1", Phase::Pending, 0),
+            request("new", "n2", Phase::Pending, 10),
+        ],
+    };
+    let limits = Limits {
+        max_parallel_operations: int(1),
+        ..Limits::default()
+    };
+    let prefer = prefer(&[("old", "app/web")]);
+    let decision = schedule_with(&snapshot, &limits, &prefer, at(599)).unwrap();
+    assert_eq!(decision.scheduled, keys(&["new"]));
+    let decision = schedule_with(&snapshot, &limits, &prefer, at(600)).unwrap();
+    assert_eq!(decision.scheduled, keys(&["old"]));
+    assert_eq!(decision.waiting[0].cause, WaitCause::MaxParallelOperations);
+}
+
+#[test]
+fn a_blocked_request_still_takes_a_slot_nobody_else_wants() {
+    let snapshot = Snapshot {
+        nodes: vec![node("n1", false, &[]), node("n2", false, &[])],
+        requests: vec![
+            request("a", "n1", Phase::Pending, 0),
+            request("b", "n2", Phase::Pending, 10),
+        ],
+    };
+    let limits = Limits {
+        max_parallel_operations: int(2),
+        ..Limits::default()
+    };
+    let decision = schedule_with(
+        &snapshot,
+        &limits,
+        &prefer(&[("a", "app/web"), ("b", "app/db")]),
+        at(0),
+    )
+    .unwrap();
+    assert_eq!(decision.scheduled, keys(&["a", "b"]));
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
@@ -1041,6 +1148,8 @@ mod properties {
             case in arb_case(),
             // Budgets that limit nothing and windows that are always open change nothing either.
             inert in proptest::bool::ANY,
+            // preferDrainable off: blocked drains change nothing, however many there are.
+            blocked_mask in proptest::num::u32::ANY,
         ) {
             let limits = Limits {
                 budgets: if inert {
@@ -1056,7 +1165,12 @@ mod properties {
                 maintenance_windows: if inert { Window::AlwaysOpen.specs() } else { Vec::new() },
                 ..case.limits.clone()
             };
-            let new = schedule(&case.snapshot, &limits, at(0)).unwrap();
+            let prefer = PreferDrainable {
+                enabled: false,
+                max_pass_over_seconds: 600,
+                blocked: blocked_by_mask(&case.snapshot, blocked_mask),
+            };
+            let new = schedule_with(&case.snapshot, &limits, &prefer, at(0)).unwrap();
             let old = legacy_schedule(&case.snapshot, &limits).unwrap();
             prop_assert_eq!(new.available_slots, old.available_slots);
             prop_assert_eq!(new.can_become_unavailable, old.can_become_unavailable);
@@ -1070,5 +1184,73 @@ mod properties {
             prop_assert!(new.waiting.iter().all(|w| w.budget.is_none()));
             prop_assert_eq!(new.next_window_opening, None);
         }
+
+        /// preferDrainable never passes over a request that has aged past the bound, and such a
+        /// request is never worse off than in the plain order (with only the cluster-wide slot
+        /// limit, it is admitted whenever the plain order admits it).
+        #[test]
+        fn no_request_is_passed_over_past_the_aging_bound(
+            case in arb_case(),
+            blocked_mask in proptest::num::u32::ANY,
+            bound in 0i64..5,
+            now in 0i64..8,
+        ) {
+            let prefer = PreferDrainable {
+                enabled: true,
+                max_pass_over_seconds: bound,
+                blocked: blocked_by_mask(&case.snapshot, blocked_mask),
+            };
+            let now = at(now);
+            let preferred = schedule_with(&case.snapshot, &case.limits, &prefer, now).unwrap();
+            let plain = schedule(&case.snapshot, &case.limits, now).unwrap();
+            // The same requests are decided, only the order may differ.
+            prop_assert_eq!(
+                preferred.scheduled.len() + preferred.waiting.len(),
+                plain.scheduled.len() + plain.waiting.len()
+            );
+            for waiting in &preferred.waiting {
+                let request = find(&case.snapshot, &waiting.key);
+                if prefer.ages_at(request).is_none_or(|aged| now >= aged) {
+                    prop_assert_ne!(waiting.cause, WaitCause::DrainBlocked, "{:?}", waiting);
+                }
+                if waiting.cause == WaitCause::DrainBlocked {
+                    prop_assert!(prefer.blocked.contains_key(&waiting.key));
+                    prop_assert!(waiting.reason.contains("PodDisruptionBudget"));
+                }
+            }
+            let slots_only = Limits {
+                max_parallel_operations: case.limits.max_parallel_operations.clone(),
+                ..Limits::default()
+            };
+            let preferred = schedule_with(&case.snapshot, &slots_only, &prefer, now).unwrap();
+            let plain = schedule(&case.snapshot, &slots_only, now).unwrap();
+            prop_assert_eq!(preferred.scheduled.len(), plain.scheduled.len());
+            for key in &plain.scheduled {
+                let request = find(&case.snapshot, key);
+                if prefer.pass_over(request, now).is_none() {
+                    prop_assert!(preferred.scheduled.contains(key), "{key} lost its slot");
+                }
+            }
+        }
+    }
+
+    /// Marks Pending requests blocked by the bits of `mask`.
+    fn blocked_by_mask(snapshot: &Snapshot, mask: u32) -> BTreeMap<RequestKey, DrainBlocker> {
+        snapshot
+            .requests
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << (i % 32)) != 0)
+            .map(|(_, r)| {
+                (
+                    r.key(),
+                    DrainBlocker {
+                        pod: format!("app/{}-pod", r.name),
+                        pdb: "app/pdb".to_string(),
+                        disruptions_allowed: 0,
+                    },
+                )
+            })
+            .collect()
     }
 }

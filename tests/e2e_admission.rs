@@ -1,0 +1,172 @@
+//! Drain-aware admission (`spec.admission.preferDrainable`) on a live control plane, with the
+//! operator running as a process: a request whose drain would only wait on a PodDisruptionBudget
+//! is passed over for a drainable one, and says which budget holds it back.
+//!
+//! `cd /work/main && PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_admission`
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use maintenance_crds::{
+    Admission, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance, Phase,
+};
+use support::operator::*;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+const REQUESTOR: &str = "admission.example.com";
+
+/// `maintenance-operator plan -o json` against the live cluster.
+fn plan_json(testbed: &Testbed) -> Result<serde_json::Value> {
+    let output = Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
+        .args(["plan", "-o", "json", "--namespace", OPERATOR_NAMESPACE])
+        .env("KUBECONFIG", testbed.kubeconfig_path())
+        .output()
+        .context("running maintenance-operator plan")?;
+    ensure!(
+        output.status.success(),
+        "plan failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).context("plan -o json printed no JSON")
+}
+
+fn pending_message(request: &NodeMaintenance) -> Option<&str> {
+    (request.phase() == Phase::Pending)
+        .then(|| request.condition("Ready").map(|c| c.message.as_str()))
+        .flatten()
+}
+
+#[tokio::test]
+async fn prefer_drainable_passes_over_a_blocked_drain() -> Result<()> {
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(
+        &client,
+        Some(MaintenanceOperatorConfigSpec {
+            max_parallel_operations: Some(IntOrString::Int(1)),
+            admission: Some(Admission {
+                prefer_drainable: Some(true),
+                ..Admission::default()
+            }),
+            ..MaintenanceOperatorConfigSpec::default()
+        }),
+    )
+    .await?;
+    let nodes = create_nodes(&client, "adm", 2, &[]).await?;
+    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let ns = unique_name("drainable");
+    create_namespace(&client, &ns).await?;
+    // nodes[0] carries a pod behind a budget that allows no disruption; nodes[1] is empty.
+    blocked_workload(&client, &ns, "guarded", &nodes[0], 1, WAIT).await?;
+
+    // The blocked request is older: the plain order would admit it first.
+    let drain = drain_spec(false, 300);
+    create_request(
+        &client,
+        &ns,
+        "blocked",
+        maintenance_crds::NodeMaintenanceSpec {
+            drain_spec: drain.clone(),
+            ..request_spec(&nodes[0], REQUESTOR)
+        },
+    )
+    .await?;
+    // Creation timestamps have second resolution.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    create_request(
+        &client,
+        &ns,
+        "drainable",
+        maintenance_crds::NodeMaintenanceSpec {
+            drain_spec: drain,
+            ..request_spec(&nodes[1], REQUESTOR)
+        },
+    )
+    .await?;
+    let _op = Operator::start(&testbed, &[]).await?;
+
+    let pdb = format!("PodDisruptionBudget {ns}/guarded");
+    wait_until(
+        "the drainable request admitted and the blocked one waiting on the budget",
+        WAIT,
+        || async {
+            let requests = list_requests(&client, &ns).await?;
+            let admitted = past_pending(&requests);
+            ensure!(
+                !admitted.iter().any(|n| n == "blocked"),
+                "the blocked request was admitted: {admitted:?}"
+            );
+            let message = requests
+                .iter()
+                .find(|r| r.name_any() == "blocked")
+                .and_then(pending_message)
+                .unwrap_or_default()
+                .to_string();
+            Ok(
+                if admitted == ["drainable"]
+                    && message.contains("passed over for nodes whose drain can proceed")
+                    && message.contains(&pdb)
+                {
+                    Check::Done(())
+                } else {
+                    Check::Pending(format!("admitted {admitted:?}; blocked says {message:?}"))
+                },
+            )
+        },
+    )
+    .await?;
+
+    // `plan` reads the pods and budgets too, and says the same.
+    let plan = plan_json(&testbed)?;
+    let waiting = plan["waiting"]
+        .as_array()
+        .context("plan -o json has no waiting list")?;
+    let blocked = waiting
+        .iter()
+        .find(|w| w["name"] == format!("{ns}/blocked"))
+        .with_context(|| format!("plan does not list {ns}/blocked as waiting: {plan}"))?;
+    ensure!(blocked["cause"] == "drainBlocked", "{blocked}");
+    ensure!(
+        blocked["reason"].as_str().is_some_and(|r| r.contains(&pdb)),
+        "{blocked}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_api_server_validates_admission() -> Result<()> {
+    let client = Testbed::shared().await?.client().await?;
+    apply_crds(&client).await?;
+    let ns = unique_name("admission-crd");
+    create_namespace(&client, &ns).await?;
+    let api: kube::Api<MaintenanceOperatorConfig> = kube::Api::namespaced(client.clone(), &ns);
+    let with = |name: &str, max_pass_over_seconds: i32| {
+        MaintenanceOperatorConfig::new(
+            name,
+            MaintenanceOperatorConfigSpec {
+                max_parallel_operations: Some(IntOrString::Int(2)),
+                admission: Some(Admission {
+                    prefer_drainable: Some(true),
+                    max_pass_over_seconds: Some(max_pass_over_seconds),
+                }),
+                ..MaintenanceOperatorConfigSpec::default()
+            },
+        )
+    };
+    // The README's example is accepted.
+    api.create(&Default::default(), &with("readme", 900))
+        .await
+        .context("the README's admission example should be accepted")?;
+    expect_invalid(
+        &api,
+        &with("negative", -1),
+        &["spec.admission.maxPassOverSeconds"],
+    )
+    .await
+}
