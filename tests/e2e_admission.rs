@@ -6,41 +6,17 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use maintenance_crds::{
-    Admission, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance, Phase,
-};
+use maintenance_crds::{Admission, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec};
 use support::operator::*;
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(60);
 const REQUESTOR: &str = "admission.example.com";
-
-/// `maintenance-operator plan -o json` against the live cluster.
-fn plan_json(testbed: &Testbed) -> Result<serde_json::Value> {
-    let output = Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
-        .args(["plan", "-o", "json", "--namespace", OPERATOR_NAMESPACE])
-        .env("KUBECONFIG", testbed.kubeconfig_path())
-        .output()
-        .context("running maintenance-operator plan")?;
-    ensure!(
-        output.status.success(),
-        "plan failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).context("plan -o json printed no JSON")
-}
-
-fn pending_message(request: &NodeMaintenance) -> Option<&str> {
-    (request.phase() == Phase::Pending)
-        .then(|| request.condition("Ready").map(|c| c.message.as_str()))
-        .flatten()
-}
 
 #[tokio::test]
 async fn prefer_drainable_passes_over_a_blocked_drain() -> Result<()> {

@@ -7,7 +7,6 @@
 mod support;
 
 use std::collections::{BTreeSet, HashMap};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -73,27 +72,6 @@ fn track_max_zones_in_maintenance(
         }
     });
     (max, task)
-}
-
-/// `maintenance-operator plan -o json` against the live cluster.
-fn plan_json(testbed: &Testbed) -> Result<serde_json::Value> {
-    let output = Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
-        .args(["plan", "-o", "json", "--namespace", OPERATOR_NAMESPACE])
-        .env("KUBECONFIG", testbed.kubeconfig_path())
-        .output()
-        .context("running maintenance-operator plan")?;
-    ensure!(
-        output.status.success(),
-        "plan failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).context("plan -o json printed no JSON")
-}
-
-fn pending_message(request: &NodeMaintenance) -> Option<&str> {
-    (request.phase() == Phase::Pending)
-        .then(|| request.condition("Ready").map(|c| c.message.as_str()))
-        .flatten()
 }
 
 #[tokio::test]

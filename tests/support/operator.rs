@@ -655,3 +655,23 @@ pub async fn wait_request(
     )
     .await
 }
+
+/// `maintenance-operator plan -o json` against the live cluster.
+pub fn plan_json(testbed: &Testbed) -> Result<serde_json::Value> {
+    let output = Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
+        .args(["plan", "-o", "json", "--namespace", OPERATOR_NAMESPACE])
+        .env("KUBECONFIG", testbed.kubeconfig_path())
+        .output()
+        .context("running maintenance-operator plan")?;
+    if !output.status.success() {
+        bail!("plan failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    serde_json::from_slice(&output.stdout).context("plan -o json printed no JSON")
+}
+
+/// The message of a Pending request's `Ready` condition: why it waits.
+pub fn pending_message(request: &NodeMaintenance) -> Option<&str> {
+    (request.phase() == Phase::Pending)
+        .then(|| request.condition("Ready").map(|c| c.message.as_str()))
+        .flatten()
+}
