@@ -2,7 +2,7 @@
 //! operator running as a process: a request whose drain would only wait on a PodDisruptionBudget
 //! is passed over for a drainable one, and says which budget holds it back.
 //!
-//! `cd /work/main && PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_admission`
+//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_admission`
 
 mod support;
 

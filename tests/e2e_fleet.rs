@@ -2,7 +2,7 @@
 //! zone ("one zone at a time"), a maintenance window that opens during the test, and the API
 //! server's validation of both.
 //!
-//! `cd /work/main && PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_fleet`
+//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_fleet`
 
 mod support;
 
