@@ -135,10 +135,19 @@ async fn plan_from_cluster(
     let mut pods: Vec<Pod> = Vec::new();
     let mut pdbs: Vec<PodDisruptionBudget> = Vec::new();
     let prefer = spec.is_some_and(|s| s.admission().prefer_drainable());
+    let check_capacity = spec.is_some_and(|s| s.admission().check_capacity());
     if prefer {
         pdbs = list_all(&Api::all(client.clone()), ListParams::default())
             .await
             .context("cannot list PodDisruptionBudgets (admission.preferDrainable is on): check that your account may list them")?;
+    }
+    if check_capacity {
+        // Every pod: what each node already has requested (finished pods request nothing).
+        let params = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+        pods = list_all(&Api::all(client.clone()), params)
+            .await
+            .context("cannot list pods (admission.checkCapacity is on): check that your account may list pods in all namespaces")?;
+    } else if prefer {
         let pending_nodes: BTreeSet<&str> = requests
             .iter()
             .filter(|r| r.phase() == Phase::Pending && r.spec.drain_spec.is_some())
@@ -157,7 +166,7 @@ async fn plan_from_cluster(
         &nodes,
         &requests,
         spec,
-        prefer.then_some(DrainObservations {
+        (prefer || check_capacity).then_some(DrainObservations {
             pods: &pods,
             pdbs: &pdbs,
         }),
@@ -180,6 +189,9 @@ fn render_table(report: &PlanReport) -> String {
             "Maintenance windows:     {}\n",
             describe_windows(windows)
         ));
+    }
+    if let Some(capacity) = &decision.capacity {
+        out.push_str(&format!("Capacity for evictions: {capacity}\n"));
     }
     out.push('\n');
     if !decision.budgets.is_empty() {

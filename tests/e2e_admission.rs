@@ -130,6 +130,7 @@ async fn the_api_server_validates_admission() -> Result<()> {
                 admission: Some(Admission {
                     prefer_drainable: Some(true),
                     max_pass_over_seconds: Some(max_pass_over_seconds),
+                    ..Admission::default()
                 }),
                 ..MaintenanceOperatorConfigSpec::default()
             },

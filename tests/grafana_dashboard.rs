@@ -296,8 +296,19 @@ fn substitute_variables(expr: &str, dashboard: &Value) -> String {
         .into_iter()
         .flatten()
     {
-        if let (Some(name), Some(value)) = (var["name"].as_str(), var["current"]["value"].as_str())
-        {
+        // "All" of a multi-value variable (its current value a list holding `$__all`) is the
+        // variable's `allValue`, as Grafana substitutes it.
+        let current = &var["current"]["value"];
+        let all = current
+            .as_array()
+            .is_some_and(|values| values.iter().any(|v| v == "$__all"))
+            || current == "$__all";
+        let value = if all {
+            var["allValue"].as_str()
+        } else {
+            current.as_str()
+        };
+        if let (Some(name), Some(value)) = (var["name"].as_str(), value) {
             vars.push((name.to_string(), value.to_string()));
         }
     }
@@ -514,6 +525,8 @@ fn dashboard_is_importable_and_uses_the_templated_datasource() {
         "maintenance_operator_actor_restarts_total",
         "sum by (step) (rate(maintenance_operator_errors_total",
         "maintenance_operator_leader",
+        "sum by (cause) (maintenance_operator_requests_waiting",
+        "maintenance_operator_budget_available_slots{budget=~\"$budget\"}",
     ] {
         assert!(shown(needle), "no dashboard query contains {needle:?}");
     }

@@ -9,9 +9,9 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use maintenance_crds::NodeMaintenance;
 use support::operator::*;
@@ -237,7 +237,9 @@ async fn request_creates_the_objects_idempotently_and_status_lists_them() -> Res
     let status = plugin(kubeconfig, &["status", "-n", &ns]).await?;
     assert!(status.status.success(), "{}", describe(&status));
     let table = stdout(&status);
-    let lines: Vec<&str> = table.lines().collect();
+    // The table ends at the first empty line; a "Why Pending:" section may follow when an
+    // operator of another test has seen the requests.
+    let lines: Vec<&str> = table.lines().take_while(|l| !l.is_empty()).collect();
     assert!(
         lines[0].starts_with("NAME") && lines[0].contains("WAITING FOR"),
         "{table}"
@@ -352,7 +354,9 @@ async fn preflight_names_what_blocks_and_passes_a_healthy_node() -> Result<()> {
         "DaemonSet pods are not drained: {text}"
     );
 
-    let ok = plugin(kubeconfig, &["preflight", healthy]).await?;
+    // The web and db pods are pinned to their node (nodeSelector on the hostname): the capacity
+    // check would warn that they may run nowhere else; what is checked here is the rest.
+    let ok = plugin(kubeconfig, &["preflight", healthy, "--skip-capacity"]).await?;
     assert_eq!(ok.status.code(), Some(0), "{}", describe(&ok));
     assert!(
         stdout(&ok).starts_with(&format!("{healthy}: ok (2 pods to evict")),
@@ -369,6 +373,7 @@ async fn preflight_names_what_blocks_and_passes_a_healthy_node() -> Result<()> {
             &format!("{NODE_PREFIX_LABEL}={prefix}"),
             "--force",
             "--delete-emptydir",
+            "--skip-capacity",
             "-o",
             "json",
         ],
@@ -407,6 +412,190 @@ async fn preflight_names_what_blocks_and_passes_a_healthy_node() -> Result<()> {
             "{expected:?} in {checks:?}"
         );
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn preflight_checks_that_the_evicted_pods_fit_elsewhere() -> Result<()> {
+    let testbed = cluster().await?;
+    let client = testbed.client().await?;
+    let ns = unique_name("kcap");
+    create_namespace(&client, &ns).await?;
+    let prefix = unique_name("kcap");
+    // Three small nodes; two pods of 3 CPU that may only run on them land on two of them.
+    let small = NodeOptions {
+        cpu: "4".into(),
+        memory: "8Gi".into(),
+        ..Default::default()
+    };
+    let nodes = create_nodes_with(&client, &prefix, 3, &small).await?;
+    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let big = PodSpecOptions {
+        requests: BTreeMap::from([
+            ("cpu".to_string(), "3".to_string()),
+            ("memory".to_string(), "1Gi".to_string()),
+        ]),
+        ..PodSpecOptions::on_nodes_with_prefix(&prefix)
+    };
+    create_deployment(&client, &ns, "big", 2, &[("app", "big")], &big).await?;
+    wait_pods_ready(&client, &ns, "app=big", 2, WAIT).await?;
+    let mut occupied: Vec<String> = Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels("app=big"))
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .collect();
+    occupied.sort();
+    occupied.dedup();
+    assert_eq!(occupied.len(), 2, "one pod per node: {occupied:?}");
+    let kubeconfig = Some(testbed.kubeconfig_path());
+
+    // One node: its pod fits on the empty node.
+    let one = plugin(kubeconfig, &["preflight", &occupied[0], "--check-capacity"]).await?;
+    assert_eq!(one.status.code(), Some(0), "{}", describe(&one));
+    assert!(
+        stdout(&one).contains("Capacity: the 1 pod to evict fit on the "),
+        "{}",
+        describe(&one)
+    );
+
+    // Both at once: 6 CPU for the 4 of the empty node. A warning by default...
+    let both = [occupied[0].as_str(), occupied[1].as_str()];
+    let json = plugin(kubeconfig, &["preflight", both[0], both[1], "-o", "json"]).await?;
+    assert_eq!(json.status.code(), Some(0), "{}", describe(&json));
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout)?;
+    assert_eq!(report["capacity"]["fits"], false, "{report:#}");
+    assert_eq!(report["capacity"]["podsToPlace"], 2, "{report:#}");
+    let findings: Vec<&serde_json::Value> = report["nodes"]
+        .as_array()
+        .context("nodes is a list")?
+        .iter()
+        .flat_map(|n| n["findings"].as_array().into_iter().flatten())
+        .filter(|f| f["check"] == "InsufficientCapacity")
+        .collect();
+    assert_eq!(findings.len(), 1, "{report:#}");
+    assert_eq!(findings[0]["severity"], "warn", "{report:#}");
+    assert!(
+        findings[0]["pod"]
+            .as_str()
+            .is_some_and(|p| p.starts_with(&format!("{ns}/big-"))),
+        "{report:#}"
+    );
+    // ... and a blocker with --check-capacity.
+    let blocked = plugin(
+        kubeconfig,
+        &["preflight", both[0], both[1], "--check-capacity"],
+    )
+    .await?;
+    assert_eq!(blocked.status.code(), Some(1), "{}", describe(&blocked));
+    let text = stdout(&blocked);
+    assert!(
+        text.lines().any(|l| l.contains("BLOCK")
+            && l.contains("InsufficientCapacity")
+            && l.contains("pods of the 2 checked nodes together")),
+        "{text}"
+    );
+    assert!(
+        text.contains("Capacity: 1 of the 2 pods to evict do not fit"),
+        "{text}"
+    );
+
+    // --skip-capacity: no check, no finding.
+    let skipped = plugin(
+        kubeconfig,
+        &["preflight", both[0], both[1], "--skip-capacity"],
+    )
+    .await?;
+    assert_eq!(skipped.status.code(), Some(0), "{}", describe(&skipped));
+    assert!(
+        !stdout(&skipped).contains("Capacity"),
+        "{}",
+        describe(&skipped)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn status_says_why_a_request_is_pending() -> Result<()> {
+    // No operator may run meanwhile: it would admit the request and rewrite its condition.
+    let _turn = OPERATOR_TURN.lock().await;
+    let testbed = cluster().await?;
+    let (client, ns, _, nodes) = setup(testbed, "kwhy", 2).await?;
+    let kubeconfig = Some(testbed.kubeconfig_path());
+    let created = plugin(
+        kubeconfig,
+        &[
+            "request",
+            &nodes[0],
+            &nodes[1],
+            "--requestor",
+            "why.example.com",
+            "-n",
+            &ns,
+        ],
+    )
+    .await?;
+    assert!(created.status.success(), "{}", describe(&created));
+    // What the operator writes on a request that waits for a slot.
+    let message = "no free slot: maxParallelOperations=1, 1 node in maintenance";
+    Api::<NodeMaintenance>::namespaced(client.clone(), &ns)
+        .patch_status(
+            &format!("why.example.com-{}", nodes[0]),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"conditions": [{
+                "type": "Ready",
+                "status": "False",
+                "reason": "Pending",
+                "message": message,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }]}})),
+        )
+        .await?;
+    let status = plugin(kubeconfig, &["status", "-n", &ns]).await?;
+    assert!(status.status.success(), "{}", describe(&status));
+    let text = stdout(&status);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("NAME"), "{text}");
+    assert_eq!(lines[3], "", "{text}");
+    assert_eq!(lines[4], "Why Pending:", "{text}");
+    assert!(
+        lines[5].starts_with(&format!("  {} ", nodes[0])) && lines[5].ends_with(message),
+        "{text}"
+    );
+    // The request the operator has not seen yet has no reason to show.
+    assert_eq!(lines.len(), 6, "{text}");
+
+    // --watch in a pipe prints the same reason as a line (and runs until Ctrl-C: stopped here).
+    let mut watch = tokio::process::Command::new(PLUGIN)
+        .arg("--kubeconfig")
+        .arg(testbed.kubeconfig_path())
+        .args(["status", "--watch", "-n", &ns])
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let out = watch.stdout.take().context("stdout is piped")?;
+    let wanted = format!("{} Pending: {message}", nodes[0]);
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        use tokio::io::AsyncBufReadExt;
+        let mut reader = tokio::io::BufReader::new(out).lines();
+        while let Some(line) = reader.next_line().await? {
+            if line == wanted {
+                return Ok::<bool, anyhow::Error>(true);
+            }
+            seen.push(line);
+        }
+        Ok(false)
+    })
+    .await;
+    watch.kill().await?;
+    assert!(
+        matches!(found, Ok(Ok(true))),
+        "{wanted:?} not printed: {seen:#?}"
+    );
     Ok(())
 }
 

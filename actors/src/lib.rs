@@ -2,6 +2,7 @@
 //! the shared eviction executor and PDB watches. Every decision they act on comes from
 //! `maintenance-core`.
 
+pub mod capacity;
 pub mod context;
 pub mod drainability;
 pub mod evictor;

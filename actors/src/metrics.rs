@@ -41,6 +41,8 @@ pub struct Metrics {
     /// Per budget and group (see [`Metrics::set_budgets`]); -1 when the budget sets no limit.
     pub budget_available_slots: prometheus::IntGaugeVec,
     pub budget_can_become_unavailable: prometheus::IntGaugeVec,
+    /// Pending requests by what holds them back at the last round (every cause exported).
+    pub requests_waiting: prometheus::IntGaugeVec,
     pub requests_admitted_total: IntCounter,
     /// Requests another operator left in progress that this one adopted.
     pub requests_adopted_total: IntCounter,
@@ -145,6 +147,13 @@ impl Metrics {
                 ),
                 &["budget", "group"],
             )?,
+            requests_waiting: prometheus::IntGaugeVec::new(
+                opts(
+                    "requests_waiting",
+                    "Pending requests by what holds them back (the cause in `plan -o json`), at the last round",
+                ),
+                &["cause"],
+            )?,
             requests_admitted_total: IntCounter::with_opts(opts(
                 "requests_admitted_total",
                 "Requests moved from Pending to Scheduled",
@@ -228,6 +237,11 @@ impl Metrics {
         for phase in maintenance_crds::Phase::ALL {
             m.requests.with_label_values(&[phase.as_str()]).set(0);
         }
+        for cause in maintenance_core::scheduler::WaitCause::ALL {
+            m.requests_waiting
+                .with_label_values(&[cause.as_str()])
+                .set(0);
+        }
         for cause in maintenance_core::collection::Cause::METRIC_LABELS {
             m.requests_garbage_collected_total
                 .with_label_values(&[cause]);
@@ -253,6 +267,7 @@ impl Metrics {
             Box::new(self.can_become_unavailable.clone()),
             Box::new(self.budget_available_slots.clone()),
             Box::new(self.budget_can_become_unavailable.clone()),
+            Box::new(self.requests_waiting.clone()),
             Box::new(self.requests_admitted_total.clone()),
             Box::new(self.requests_adopted_total.clone()),
             Box::new(self.requests_garbage_collected_total.clone()),
@@ -309,6 +324,24 @@ impl Metrics {
             self.pods_blocked_by_pdb
                 .with_label_values(&[namespace, pdb])
                 .set(total as f64);
+        }
+    }
+
+    /// Sets the waiting-requests gauge from a round's waiting list.
+    pub fn set_waiting(
+        &self,
+        causes: impl IntoIterator<Item = maintenance_core::scheduler::WaitCause>,
+    ) {
+        let mut counts: std::collections::HashMap<&'static str, i64> =
+            std::collections::HashMap::new();
+        for cause in causes {
+            *counts.entry(cause.as_str()).or_default() += 1;
+        }
+        for cause in maintenance_core::scheduler::WaitCause::ALL {
+            let label = cause.as_str();
+            self.requests_waiting
+                .with_label_values(&[label])
+                .set(counts.get(label).copied().unwrap_or(0));
         }
     }
 
@@ -375,14 +408,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 23, "{names:?}");
+        assert_eq!(names.len(), 24, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 23, "{names:?}");
+        assert_eq!(names.len(), 24, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

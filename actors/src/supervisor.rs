@@ -28,6 +28,7 @@ use crate::evictor::EvictionRate;
 use crate::metrics::BudgetSample;
 use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
 use crate::task::AbortOnDrop;
+use maintenance_core::capacity::CapacityCheck;
 use maintenance_core::collection::{self, Cause};
 use maintenance_core::conditions::annotation_value;
 use maintenance_core::drainability::PreferDrainable;
@@ -150,7 +151,7 @@ impl Actor for Supervisor {
                     status.volumes_in_use = None;
                     status.node_info = None;
                     status.capacity = None;
-                    status.allocatable = None;
+                    // status.allocatable stays: checkCapacity reads it (a few quantities).
                     status.addresses = None;
                     status.daemon_endpoints = None;
                 }
@@ -342,8 +343,17 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         })
         .await;
     }
+    let mut capacity = CapacityCheck::from_config(config_spec.as_ref());
+    if capacity.enabled {
+        // All requests, not only Pending ones: drains in progress need room too.
+        capacity = crate::capacity::observe_capacity(&ctx, &requests, &nodes, |node| {
+            nodes_by_name.contains_key(node)
+        })
+        .await
+        .unwrap_or_default();
+    }
     let now = jiff::Timestamp::now();
-    match scheduler::schedule_with(&snapshot, &limits, &prefer, now) {
+    match scheduler::schedule_observed(&snapshot, &limits, &prefer, &capacity, now) {
         Ok(decision) => {
             ctx.metrics
                 .available_slots
@@ -364,6 +374,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                 })
                 .collect();
             ctx.metrics.set_budgets(&samples);
+            ctx.metrics
+                .set_waiting(decision.waiting.iter().map(|w| w.cause));
             wake_at_window_opening(
                 myself,
                 &mut state.window_wake,

@@ -1,24 +1,37 @@
-//! Capacity model for `spec.admission.checkCapacity` (issue 11, part 4; NOT YET WIRED into the
-//! scheduler, the CRD or the supervisor): do the pods a drain would evict fit on the remaining
-//! schedulable nodes? CPU and memory requests against allocatable minus what is already requested
-//! there, respecting nodeSelector and NoSchedule/NoExecute taints. First-fit decreasing: pods
-//! sorted by size (CPU, then memory) go to the first node with room. Pure.
+//! Capacity-aware admission (`spec.admission.checkCapacity`): do the pods a drain would evict fit
+//! on the remaining schedulable nodes? CPU and memory requests against allocatable minus what is
+//! already requested there, respecting nodeSelector and NoSchedule/NoExecute taints. First-fit
+//! decreasing: pods sorted by size (CPU, then memory) go to the first node with room.
+//!
+//! A round starts from the nodes that take pods (schedulable, Ready, not in maintenance). Pods
+//! that need a node whatever the round decides (unscheduled pods, pods that drains in progress
+//! will still evict) take room first. Then each request the other limits would admit has its
+//! drain tried on the pool without its own node: if everything fits, the placement is kept and
+//! the node leaves the pool, so the requests of one round never count the same room twice. This
+//! is the kube-scheduler's arithmetic "at least roughly": no affinity, spread constraints, pod
+//! count limits or extended resources. Pure.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use maintenance_crds::{MaintenanceOperatorConfigSpec, NodeMaintenance};
+use serde::Serialize;
+
+use crate::drain_plan::{DrainRules, OperatorIdentity, PodDisposition, classify, is_finished};
+use crate::scheduler::{RequestKey, RequestState};
 
 /// CPU in millicores and memory in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Resources {
     pub cpu_milli: i64,
     pub memory_bytes: i64,
 }
 
 impl Resources {
-    fn add(self, other: Resources) -> Resources {
+    pub fn plus(self, other: Resources) -> Resources {
         Resources {
             cpu_milli: self.cpu_milli.saturating_add(other.cpu_milli),
             memory_bytes: self.memory_bytes.saturating_add(other.memory_bytes),
@@ -156,7 +169,7 @@ impl CapacityPod {
             .iter()
             .flat_map(|s| s.containers.iter())
             .map(|c| resources_of(c.resources.as_ref().and_then(|r| r.requests.as_ref())))
-            .fold(Resources::default(), Resources::add);
+            .fold(Resources::default(), Resources::plus);
         let init = spec
             .iter()
             .flat_map(|s| s.init_containers.iter().flatten())
@@ -254,8 +267,20 @@ impl Shortfall {
 }
 
 /// First-fit decreasing: places `pods` on `nodes` (whose `requested` grows as pods are placed).
-/// `Ok` with the node of each pod (in `pods` order), or the shortfall.
+/// `Ok` with the node of each pod (in `pods` order), or the shortfall; pods that fit are placed
+/// either way.
 pub fn fit(pods: &[CapacityPod], nodes: &mut [CapacityNode]) -> Result<Vec<String>, Shortfall> {
+    let (placed, result) = place(pods, nodes, None);
+    result.map(|()| placed.into_iter().flatten().collect())
+}
+
+/// [`fit`] on every node but `skip`: the node of each pod that fit (in `pods` order), and the
+/// shortfall if some did not.
+fn place(
+    pods: &[CapacityPod],
+    nodes: &mut [CapacityNode],
+    skip: Option<&str>,
+) -> (Vec<Option<String>>, Result<(), Shortfall>) {
     let mut order: Vec<usize> = (0..pods.len()).collect();
     order.sort_by(|a, b| {
         pods[*b]
@@ -263,37 +288,283 @@ pub fn fit(pods: &[CapacityPod], nodes: &mut [CapacityNode]) -> Result<Vec<Strin
             .cmp(&pods[*a].requests)
             .then_with(|| pods[*a].key.cmp(&pods[*b].key))
     });
+    let takes = |node: &CapacityNode| skip != Some(node.name.as_str());
     let mut placed: Vec<Option<String>> = vec![None; pods.len()];
     let mut unplaceable = Vec::new();
     for index in order {
         let pod = &pods[index];
         let node = nodes.iter_mut().find(|node| {
-            pod.may_run_on(node) && pod.requests.fits_in(node.allocatable.minus(node.requested))
+            takes(node)
+                && pod.may_run_on(node)
+                && pod.requests.fits_in(node.allocatable.minus(node.requested))
         });
         match node {
             Some(node) => {
-                node.requested = node.requested.add(pod.requests);
+                node.requested = node.requested.plus(pod.requests);
                 placed[index] = Some(node.name.clone());
             }
             None => unplaceable.push((pod.key.clone(), pod.requests)),
         }
     }
     if unplaceable.is_empty() {
-        return Ok(placed.into_iter().flatten().collect());
+        return (placed, Ok(()));
     }
     let demand = unplaceable
         .iter()
         .map(|(_, r)| *r)
-        .fold(Resources::default(), Resources::add);
+        .fold(Resources::default(), Resources::plus);
     let free = nodes
         .iter()
+        .filter(|n| takes(n))
         .map(|n| n.allocatable.minus(n.requested))
-        .fold(Resources::default(), Resources::add);
-    Err(Shortfall {
-        remaining_nodes: nodes.len(),
+        .fold(Resources::default(), Resources::plus);
+    let shortfall = Shortfall {
+        remaining_nodes: nodes.iter().filter(|n| takes(n)).count(),
         unplaceable,
         missing: demand.minus(free),
-    })
+    };
+    (placed, Err(shortfall))
+}
+
+/// What the scheduler needs for `checkCapacity`, observed by whoever can read pods.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CapacityCheck {
+    /// Off: capacity is not looked at, whatever the rest says.
+    pub enabled: bool,
+    /// Every node, with what the pods on it request.
+    pub nodes: Vec<CapacityNode>,
+    /// Per request (Pending ones, and those in progress): the pods its drain would still evict.
+    /// A request without an entry evicts nothing.
+    pub evictions: BTreeMap<RequestKey, Vec<CapacityPod>>,
+    /// Pods that wait for a node (no `spec.nodeName` yet).
+    pub unscheduled: Vec<CapacityPod>,
+    /// Why the pods could not be read this round: the check then fails closed.
+    pub unreadable: Option<String>,
+}
+
+impl CapacityCheck {
+    /// The feature as configured; the observations are filled in by whoever can read pods.
+    pub fn from_config(spec: Option<&MaintenanceOperatorConfigSpec>) -> CapacityCheck {
+        CapacityCheck {
+            enabled: spec.is_some_and(|s| s.admission().check_capacity()),
+            ..CapacityCheck::default()
+        }
+    }
+
+    /// The check could not observe the cluster: nothing it would have to check is admitted.
+    pub fn unreadable(problem: String) -> CapacityCheck {
+        CapacityCheck {
+            enabled: true,
+            unreadable: Some(problem),
+            ..CapacityCheck::default()
+        }
+    }
+
+    /// The pods `request`'s drain would still evict.
+    pub fn evictions_of(&self, request: &RequestKey) -> &[CapacityPod] {
+        self.evictions.get(request).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The room a scheduling round has left for evicted pods.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapacityPool {
+    nodes: Vec<CapacityNode>,
+    /// Node -> the pods this round placed there: when that node is admitted in turn, they must
+    /// move again.
+    placed: BTreeMap<String, Vec<CapacityPod>>,
+    /// Pods that needed a node before this round and found none.
+    unplaced_before_round: usize,
+}
+
+impl CapacityPool {
+    /// The nodes of `check` that `takes_pods`, after the pods that need a node whatever this
+    /// round decides (unscheduled ones, and the evictions of `in_progress` requests) took their
+    /// room. Pods that fit nowhere take none: they must not stall every admission.
+    pub fn new<'a>(
+        check: &CapacityCheck,
+        takes_pods: impl Fn(&str) -> bool,
+        in_progress: impl IntoIterator<Item = &'a RequestKey>,
+    ) -> CapacityPool {
+        let mut nodes: Vec<CapacityNode> = check
+            .nodes
+            .iter()
+            .filter(|n| takes_pods(&n.name))
+            .cloned()
+            .collect();
+        // Stable whatever order the nodes were listed in.
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut committed: Vec<CapacityPod> = check.unscheduled.clone();
+        for key in in_progress {
+            committed.extend_from_slice(check.evictions_of(key));
+        }
+        let mut pool = CapacityPool {
+            nodes,
+            placed: BTreeMap::new(),
+            unplaced_before_round: 0,
+        };
+        // What fits stays placed, even if some pods fit nowhere.
+        let (targets, result) = place(&committed, &mut pool.nodes, None);
+        pool.record(&committed, targets);
+        pool.unplaced_before_round = result.err().map_or(0, |s| s.unplaceable.len());
+        pool
+    }
+
+    fn record(&mut self, pods: &[CapacityPod], targets: Vec<Option<String>>) {
+        for (pod, node) in pods.iter().zip(targets) {
+            if let Some(node) = node {
+                self.placed.entry(node).or_default().push(pod.clone());
+            }
+        }
+    }
+
+    /// Moves the pods of `node`'s drain (and any this round put there) onto the pool without
+    /// `node`: when they all fit, the placement is kept and `node` leaves the pool; otherwise
+    /// nothing changes.
+    pub fn admit(&mut self, node: &str, pods: &[CapacityPod]) -> Result<(), Shortfall> {
+        let before: Vec<Resources> = self.nodes.iter().map(|n| n.requested).collect();
+        let mut moving = pods.to_vec();
+        moving.extend(self.placed.get(node).into_iter().flatten().cloned());
+        let (targets, result) = place(&moving, &mut self.nodes, Some(node));
+        match result {
+            Ok(()) => {
+                self.placed.remove(node);
+                self.record(&moving, targets);
+                self.nodes.retain(|n| n.name != node);
+                Ok(())
+            }
+            Err(shortfall) => {
+                for (n, requested) in self.nodes.iter_mut().zip(before) {
+                    n.requested = requested;
+                }
+                Err(shortfall)
+            }
+        }
+    }
+
+    /// For `plan`: the pool as it is now.
+    pub fn status(&self) -> CapacityStatus {
+        CapacityStatus {
+            schedulable_nodes: self.nodes.len(),
+            free: self
+                .nodes
+                .iter()
+                .map(|n| n.allocatable.minus(n.requested))
+                .fold(Resources::default(), Resources::plus),
+            unplaced_pods: self.unplaced_before_round,
+        }
+    }
+}
+
+/// The room at the start of a round (after unscheduled pods and drains in progress), for `plan`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityStatus {
+    /// Nodes that take pods: schedulable, Ready and not in maintenance.
+    pub schedulable_nodes: usize,
+    /// Their allocatable minus what is requested on them, together.
+    pub free: Resources,
+    /// Pods waiting for a node, or still to be evicted by drains in progress, that fit nowhere.
+    pub unplaced_pods: usize,
+}
+
+impl fmt::Display for CapacityStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} schedulable nodes with {} free",
+            self.schedulable_nodes, self.free
+        )?;
+        if self.unplaced_pods > 0 {
+            write!(
+                f,
+                "; {} pods waiting for a node or being evicted fit nowhere",
+                self.unplaced_pods
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`CapacityCheck`] from pods read page by page: it keeps the requests summed per node
+/// and, for the nodes of `requests`, the pods their drains would evict; a page can be dropped as
+/// soon as it is added, so memory follows the nodes under maintenance, not the cluster's pods.
+pub struct CapacityObserver {
+    /// Node -> the requests on it whose drain evicts, with their rules.
+    drains: BTreeMap<String, Vec<(RequestKey, DrainRules)>>,
+    requested: BTreeMap<String, Resources>,
+    evictions: BTreeMap<RequestKey, Vec<CapacityPod>>,
+    unscheduled: Vec<CapacityPod>,
+}
+
+impl CapacityObserver {
+    /// For `requests` (Pending ones and those in progress; a request without a drainSpec, or
+    /// with one that does not parse, evicts nothing here: its node actor reports a bad spec).
+    pub fn new(requests: &[NodeMaintenance], operator: Option<&OperatorIdentity>) -> Self {
+        let mut drains: BTreeMap<String, Vec<(RequestKey, DrainRules)>> = BTreeMap::new();
+        for request in requests.iter().filter(|r| !r.is_deleting()) {
+            let Some(spec) = &request.spec.drain_spec else {
+                continue;
+            };
+            let Ok(rules) = DrainRules::new(spec, operator.cloned()) else {
+                continue;
+            };
+            drains
+                .entry(request.spec.node_name.clone())
+                .or_default()
+                .push((RequestState::from_request(request).key(), rules));
+        }
+        CapacityObserver {
+            drains,
+            requested: BTreeMap::new(),
+            evictions: BTreeMap::new(),
+            unscheduled: Vec::new(),
+        }
+    }
+
+    /// Counts one pod: finished pods request nothing; a terminating pod still holds its room.
+    pub fn add_pod(&mut self, pod: &Pod) {
+        if is_finished(pod) {
+            return;
+        }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let Some(node) = node.filter(|n| !n.is_empty()) else {
+            if pod.metadata.deletion_timestamp.is_none() {
+                self.unscheduled.push(CapacityPod::from_pod(pod));
+            }
+            return;
+        };
+        let capacity_pod = CapacityPod::from_pod(pod);
+        let sum = self.requested.entry(node.to_string()).or_default();
+        *sum = sum.plus(capacity_pod.requests);
+        for (key, rules) in self.drains.get(node).into_iter().flatten() {
+            if classify(rules, pod) == PodDisposition::Evict {
+                self.evictions
+                    .entry(key.clone())
+                    .or_default()
+                    .push(capacity_pod.clone());
+            }
+        }
+    }
+
+    /// The check, with every node of `nodes` (their `status.allocatable` is needed).
+    pub fn finish<'a>(self, nodes: impl IntoIterator<Item = &'a Node>) -> CapacityCheck {
+        let nodes = nodes
+            .into_iter()
+            .map(|node| {
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                let requested = self.requested.get(name).copied().unwrap_or_default();
+                CapacityNode::from_node(node, requested)
+            })
+            .collect();
+        CapacityCheck {
+            enabled: true,
+            nodes,
+            evictions: self.evictions,
+            unscheduled: self.unscheduled,
+            unreadable: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -427,7 +698,7 @@ mod tests {
                         })
                         .collect::<Result<Vec<_>, TestCaseError>>()?
                         .into_iter()
-                        .fold(node.requested, Resources::add);
+                        .fold(node.requested, Resources::plus);
                     prop_assert!(added.fits_in(node.allocatable), "{node:?} gets {added:?}");
                 }
             }

@@ -16,8 +16,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use crate::capacity::{CapacityCheck, CapacityObserver};
 use crate::drainability::{PreferDrainable, blocked_requests};
-use crate::scheduler::{Decision, Limits, ScheduleError, Snapshot, schedule_with};
+use crate::scheduler::{Decision, Limits, ScheduleError, Snapshot, schedule_observed};
 
 /// Where a NodeMaintenance without `metadata.namespace` would land with `kubectl apply`.
 const DEFAULT_REQUEST_NAMESPACE: &str = "default";
@@ -397,8 +398,8 @@ pub fn plan_objects(
     plan_objects_with(nodes, requests, config, None, operator_namespace, now)
 }
 
-/// The pods (of the nodes of Pending requests, at least) and the PodDisruptionBudgets that
-/// `preferDrainable` looks at.
+/// The pods and the PodDisruptionBudgets that `preferDrainable` (the pods of the nodes of Pending
+/// requests, at least) and `checkCapacity` (every pod of the cluster) look at.
 pub struct DrainObservations<'a> {
     pub pods: &'a [Pod],
     pub pdbs: &'a [PodDisruptionBudget],
@@ -420,6 +421,26 @@ pub fn plan_objects_with(
     } else {
         Vec::new()
     };
+    let mut capacity = CapacityCheck::from_config(config);
+    if capacity.enabled {
+        match &observed {
+            Some(observed) => {
+                let mut observer = CapacityObserver::new(requests, None);
+                for pod in observed.pods {
+                    observer.add_pod(pod);
+                }
+                capacity = observer.finish(nodes);
+            }
+            None => {
+                capacity.enabled = false;
+                notes.push(
+                    "admission.checkCapacity is on, but this plan read no pods (planning from a \
+                     file): capacity is not checked"
+                        .to_string(),
+                );
+            }
+        }
+    }
     if prefer.enabled {
         match observed {
             Some(observed) => {
@@ -433,7 +454,13 @@ pub fn plan_objects_with(
             ),
         }
     }
-    let decision = schedule_with(&snapshot, &Limits::from_config(config), &prefer, now)?;
+    let decision = schedule_observed(
+        &snapshot,
+        &Limits::from_config(config),
+        &prefer,
+        &capacity,
+        now,
+    )?;
     Ok(PlanReport {
         decision,
         snapshot,

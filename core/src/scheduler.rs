@@ -20,6 +20,7 @@ use maintenance_crds::{
 use serde::{Serialize, Serializer};
 
 use crate::budgets::{BudgetError, BudgetStatus, Budgets, WindowStatus, outside_windows};
+use crate::capacity::{CapacityCheck, CapacityPool, CapacityStatus};
 use crate::drainability::PreferDrainable;
 use crate::windows::{WindowError, WindowState, Windows};
 
@@ -190,6 +191,46 @@ pub enum WaitCause {
     /// `preferDrainable`: passed over for requests whose drain can make progress now, because
     /// this one's would wait on a PodDisruptionBudget (named in the reason).
     DrainBlocked,
+    /// `checkCapacity`: the pods its drain would evict do not fit on the remaining schedulable
+    /// nodes (the reason says what is missing).
+    InsufficientCapacity,
+    /// `checkCapacity`: the pods could not be read this round, so the check fails closed.
+    CapacityUnknown,
+}
+
+impl WaitCause {
+    pub const ALL: [WaitCause; 12] = [
+        WaitCause::Deleting,
+        WaitCause::NodeInMaintenance,
+        WaitCause::NodeAdmittedThisRound,
+        WaitCause::NodeNotFound,
+        WaitCause::MaintenanceWindows,
+        WaitCause::MaxParallelOperations,
+        WaitCause::MaxUnavailable,
+        WaitCause::MaxGroupsInMaintenance,
+        WaitCause::MaxUnavailableGroups,
+        WaitCause::DrainBlocked,
+        WaitCause::InsufficientCapacity,
+        WaitCause::CapacityUnknown,
+    ];
+
+    /// As in `plan -o json` and the `cause` label of the waiting-requests metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitCause::Deleting => "deleting",
+            WaitCause::NodeInMaintenance => "nodeInMaintenance",
+            WaitCause::NodeAdmittedThisRound => "nodeAdmittedThisRound",
+            WaitCause::NodeNotFound => "nodeNotFound",
+            WaitCause::MaintenanceWindows => "maintenanceWindows",
+            WaitCause::MaxParallelOperations => "maxParallelOperations",
+            WaitCause::MaxUnavailable => "maxUnavailable",
+            WaitCause::MaxGroupsInMaintenance => "maxGroupsInMaintenance",
+            WaitCause::MaxUnavailableGroups => "maxUnavailableGroups",
+            WaitCause::DrainBlocked => "drainBlocked",
+            WaitCause::InsufficientCapacity => "insufficientCapacity",
+            WaitCause::CapacityUnknown => "capacityUnknown",
+        }
+    }
 }
 
 /// A Pending request that this round does not admit, and why.
@@ -226,6 +267,10 @@ pub struct Decision {
     /// Each budget before this round admitted anything; absent when none are set.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<BudgetStatus>,
+    /// `checkCapacity`: the room for evicted pods before this round admitted anything; absent
+    /// when the check is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityStatus>,
     /// The earliest opening of a closed window (cluster-wide or a budget's): a round is due then.
     #[serde(skip)]
     pub next_window_opening: Option<jiff::Timestamp>,
@@ -264,6 +309,20 @@ pub fn schedule_with(
     snapshot: &Snapshot,
     limits: &Limits,
     prefer: &PreferDrainable,
+    now: jiff::Timestamp,
+) -> Result<Decision, ScheduleError> {
+    schedule_observed(snapshot, limits, prefer, &CapacityCheck::default(), now)
+}
+
+/// [`schedule_with`] and `checkCapacity`: a request that every limit admits is admitted only if
+/// the pods its drain would evict fit on the nodes left ([`crate::capacity`]); otherwise it waits
+/// with [`WaitCause::InsufficientCapacity`] and the shortfall. With the check off, this is
+/// [`schedule_with`].
+pub fn schedule_observed(
+    snapshot: &Snapshot,
+    limits: &Limits,
+    prefer: &PreferDrainable,
+    capacity: &CapacityCheck,
     now: jiff::Timestamp,
 ) -> Result<Decision, ScheduleError> {
     let total_nodes = count(snapshot.nodes.len());
@@ -332,6 +391,19 @@ pub fn schedule_with(
     )
     .map_err(ScheduleError::InvalidBudget)?;
     let budget_status = budgets.status();
+    // Nodes in maintenance and unavailable nodes take no pods; drains in progress need room.
+    let mut capacity_pool = capacity.enabled.then(|| {
+        let takes_pods =
+            |node: &str| !unavailable_nodes.contains(node) && existing_nodes.contains_key(node);
+        let in_progress: Vec<RequestKey> = snapshot
+            .requests
+            .iter()
+            .filter(|r| !r.is_pending())
+            .map(RequestState::key)
+            .collect();
+        CapacityPool::new(capacity, takes_pods, &in_progress)
+    });
+    let capacity_status = capacity_pool.as_ref().map(CapacityPool::status);
 
     let nodes_in_maintenance = count(in_maintenance.len());
     let available_slots = max_parallel_operations.saturating_sub(nodes_in_maintenance);
@@ -418,6 +490,23 @@ pub fn schedule_with(
                 )
             } else if let Some(hold) = budgets.limit_hold(&covering, node, node_state.unavailable) {
                 Some(hold.into())
+            } else if let Some(problem) = capacity
+                .enabled
+                .then_some(())
+                .and(capacity.unreadable.as_ref())
+            {
+                cluster_wide(
+                    WaitCause::CapacityUnknown,
+                    format!(
+                        "checkCapacity could not check whether the pods of {node} fit: {problem}; the next round checks again"
+                    ),
+                )
+            } else if let Some(shortfall) = capacity_pool.as_mut().and_then(|pool| {
+                // Last: on success the pool keeps the placement, as the request is admitted.
+                pool.admit(node, capacity.evictions_of(&request.key()))
+                    .err()
+            }) {
+                cluster_wide(WaitCause::InsufficientCapacity, shortfall.describe(node))
             } else {
                 if !node_state.unavailable {
                     newly_unavailable += 1;
@@ -455,6 +544,7 @@ pub fn schedule_with(
         waiting,
         maintenance_windows: WindowStatus::of(&windows),
         budgets: budget_status,
+        capacity: capacity_status,
         next_window_opening: cluster_opening
             .into_iter()
             .chain(budgets.next_window_opening())
@@ -623,6 +713,8 @@ fn count(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }
 
+#[cfg(test)]
+mod capacity_tests;
 #[cfg(test)]
 mod fleet_tests;
 #[cfg(test)]
@@ -1195,6 +1287,19 @@ mod tests {
     }
 
     #[test]
+    fn wait_cause_labels_are_the_plan_json_names() {
+        let labels: BTreeSet<&str> = WaitCause::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(
+            labels.len(),
+            WaitCause::ALL.len(),
+            "a cause is listed twice"
+        );
+        for cause in WaitCause::ALL {
+            assert_eq!(serde_json::to_value(cause).unwrap(), cause.as_str());
+        }
+    }
+
+    #[test]
     fn decision_serializes_as_the_plan_json() {
         let decision = Decision {
             available_slots: 1,
@@ -1218,6 +1323,7 @@ mod tests {
             ],
             maintenance_windows: None,
             budgets: Vec::new(),
+            capacity: None,
             next_window_opening: Some(at(60)),
         };
         assert_eq!(

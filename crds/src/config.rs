@@ -102,11 +102,22 @@ pub struct Admission {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = 600), range(min = 0))]
     pub max_pass_over_seconds: Option<i32>,
+
+    /// Admit a node only if the pods its drain would evict fit on the remaining schedulable
+    /// nodes: their CPU and memory requests against allocatable minus what is requested there,
+    /// respecting nodeSelectors and NoSchedule/NoExecute taints, with nodes in maintenance,
+    /// unavailable or admitted in the same round counted as gone. A request that does not fit
+    /// waits, and its Pending message says what is missing and by how much. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_capacity: Option<bool>,
 }
 
 impl Admission {
     pub fn prefer_drainable(&self) -> bool {
         self.prefer_drainable.unwrap_or(false)
+    }
+    pub fn check_capacity(&self) -> bool {
+        self.check_capacity.unwrap_or(false)
     }
     /// How long a request whose drain would wait may be passed over.
     pub fn max_pass_over_seconds(&self) -> i64 {

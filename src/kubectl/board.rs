@@ -42,6 +42,10 @@ pub struct Board {
     last: HashMap<String, String>,
     /// Plain mode: the count of the last overall line printed.
     last_done: Option<u64>,
+    /// Terminal: the note lines below the bars (see [`Board::notes`]).
+    note_bars: Vec<ProgressBar>,
+    /// Plain mode: the note lines printed last time.
+    last_notes: Vec<String>,
 }
 
 fn style(template: &str) -> ProgressStyle {
@@ -70,6 +74,8 @@ impl Board {
                 nodes: HashMap::new(),
                 last: HashMap::new(),
                 last_done: None,
+                note_bars: Vec::new(),
+                last_notes: Vec::new(),
             };
         }
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
@@ -84,6 +90,8 @@ impl Board {
             nodes: HashMap::new(),
             last: HashMap::new(),
             last_done: None,
+            note_bars: Vec::new(),
+            last_notes: Vec::new(),
         }
     }
 
@@ -139,15 +147,18 @@ impl Board {
                 } else {
                     label.to_string()
                 };
-                let bar = multi.add(
-                    ProgressBar::new(100)
-                        .with_style(style(&format!(
-                            "  {{prefix:<{width}}} [{{bar:20.cyan/blue}}] {{wide_msg}}"
-                        )))
-                        .with_prefix(label)
-                        .with_position(percent)
-                        .with_message(message),
-                );
+                let bar = ProgressBar::new(100)
+                    .with_style(style(&format!(
+                        "  {{prefix:<{width}}} [{{bar:20.cyan/blue}}] {{wide_msg}}"
+                    )))
+                    .with_prefix(label)
+                    .with_position(percent)
+                    .with_message(message);
+                // Node bars stay above the notes.
+                let bar = match self.note_bars.first() {
+                    Some(first) => multi.insert_before(first, bar),
+                    None => multi.add(bar),
+                };
                 self.nodes.insert(key.to_string(), bar);
             }
             Printer::Plain => {
@@ -173,9 +184,49 @@ impl Board {
         }
     }
 
+    /// Lines shown below the bars, replacing the previous ones (e.g. why requests wait); none
+    /// clears them. In plain mode a line is printed when it was not among the previous lines.
+    pub fn notes(&mut self, lines: &[String]) {
+        match &self.printer {
+            Printer::Terminal(multi) => {
+                while self.note_bars.len() > lines.len() {
+                    if let Some(bar) = self.note_bars.pop() {
+                        bar.finish_and_clear();
+                        multi.remove(&bar);
+                    }
+                }
+                for (index, line) in lines.iter().enumerate() {
+                    match self.note_bars.get(index) {
+                        Some(bar) => bar.set_message(line.clone()),
+                        None => {
+                            let bar = multi.add(
+                                ProgressBar::new(0)
+                                    .with_style(style("  {wide_msg}"))
+                                    .with_message(line.clone()),
+                            );
+                            bar.tick();
+                            self.note_bars.push(bar);
+                        }
+                    }
+                }
+            }
+            Printer::Plain => {
+                for line in lines {
+                    if !self.last_notes.contains(line) {
+                        println!("{line}");
+                    }
+                }
+                self.last_notes = lines.to_vec();
+            }
+        }
+    }
+
     /// Clears every bar; what follows prints as plain text.
     pub fn finish(&mut self) {
         for (_, bar) in self.nodes.drain() {
+            bar.finish_and_clear();
+        }
+        for bar in self.note_bars.drain(..) {
             bar.finish_and_clear();
         }
         if let Some(bar) = self.overall.take() {

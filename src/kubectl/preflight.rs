@@ -15,10 +15,12 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
+use maintenance_core::capacity::{CapacityNode, CapacityPod, Resources, Shortfall, fit};
 use maintenance_core::drain_plan::{
     DrainRules, OperatorIdentity, PodDisposition, PodRef, classify, controller_ref, covering_pdbs,
     is_finished, required_flags,
 };
+use maintenance_core::scheduler::NodeState;
 use maintenance_crds::DrainSpec;
 use serde::Serialize;
 
@@ -39,25 +41,36 @@ What is checked, for every pod a drain of the node would evict:
   warn   AllReplicasOnNode  every replica runs on this node and no PodDisruptionBudget paces them
   warn   NoController       with --force: deleted for good
   warn   EmptyDirDataLoss   with --delete-emptydir: the emptyDir data is lost
+  warn   InsufficientCapacity  the pods to evict from all the checked nodes together do not fit
+                            (CPU and memory requests, nodeSelector, NoSchedule/NoExecute taints)
+                            on the other schedulable nodes (Ready, not cordoned) next to what their
+                            pods already request: they would stay Pending. BLOCK with
+                            --check-capacity; --skip-capacity skips it
 DaemonSet pods, mirror pods, finished and terminating pods, the operator's own pods and pods
 outside --pod-selector are not evicted by a drain and not checked. Pass the drain flags you will
 use with `request` or `rollout` (--force, --delete-emptydir, --pod-selector).
+The capacity check lists the pods of the whole cluster (paged) for what is already requested on
+each node; it is an estimate (first fit, largest pods first, as the operator's checkCapacity
+admission): affinity, topology spread, pod counts and other resources are not counted.
 
 Exit code 0 when nothing blocks (warnings allowed), 1 when some node would block a drain, 2 on
 errors.
 
 Examples:
   kubectl maintenance preflight node-1 node-2
-  kubectl maintenance preflight --selector pool=gpu --force --delete-emptydir -o json";
+  kubectl maintenance preflight --selector pool=gpu --force --delete-emptydir -o json
+  kubectl maintenance preflight --selector pool=gpu --check-capacity";
 
-/// Above this many nodes, the pods of the whole cluster are listed once instead of per node.
+/// Above this many nodes, the pods of the whole cluster are listed once instead of per node (the
+/// capacity check always lists them once: it needs what every node's pods request).
 const PER_NODE_LIST_LIMIT: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
     /// A section per node with a line per finding.
     Table,
-    /// One JSON object: {"nodes": [{node, verdict, podsToEvict, findings}], "blocked": N}.
+    /// One JSON object: {"nodes": [{node, verdict, podsToEvict, findings}], "blocked": N,
+    /// "capacity": {podsToPlace, remainingNodes, fits, unplaceable, message} or null}.
     Json,
 }
 
@@ -82,6 +95,15 @@ pub struct PreflightArgs {
     /// Check as for a drain with this --pod-selector (only matching pods are evicted).
     #[arg(long, value_name = "SELECTOR")]
     pub pod_selector: Option<String>,
+
+    /// Make InsufficientCapacity block (exit 1) instead of warn: the pods to evict from the
+    /// checked nodes must fit on the other schedulable nodes.
+    #[arg(long, conflicts_with = "skip_capacity")]
+    pub check_capacity: bool,
+
+    /// Skip the capacity check (it lists the pods of the whole cluster).
+    #[arg(long)]
+    pub skip_capacity: bool,
 
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
@@ -378,23 +400,164 @@ pub fn check_node(
     }
 
     findings.sort_by(|a, b| a.pod.cmp(&b.pod).then(a.severity.cmp(&b.severity)));
-    let verdict = if findings.iter().any(|f| f.severity == Severity::Block) {
-        "blocked"
-    } else if findings.is_empty() {
-        "ok"
-    } else {
-        "warnings"
-    };
     NodeReport {
         node: node.to_string(),
-        verdict,
+        verdict: verdict(&findings),
         pods_to_evict: to_evict,
         findings,
     }
 }
 
-/// The human-readable report.
-fn render(reports: &[NodeReport]) -> String {
+fn verdict(findings: &[Finding]) -> &'static str {
+    if findings.iter().any(|f| f.severity == Severity::Block) {
+        "blocked"
+    } else if findings.is_empty() {
+        "ok"
+    } else {
+        "warnings"
+    }
+}
+
+/// What the capacity check found, for the report's last line and `-o json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityReport {
+    /// Pods the drains of all checked nodes would evict.
+    pub pods_to_place: usize,
+    /// Other nodes that could take them (schedulable, Ready, not checked).
+    pub remaining_nodes: usize,
+    pub fits: bool,
+    /// `namespace/name` of the pods that found no room, largest first.
+    pub unplaceable: Vec<String>,
+    /// The shortfall, for a person; `None` when the pods fit.
+    pub message: Option<String>,
+}
+
+/// Whether a node can take pods: not cordoned, and Ready (the scheduler's own test).
+fn takes_pods(node: &Node) -> bool {
+    !NodeState::from_node(node).unavailable
+}
+
+/// Adds what `pod` requests to its node's sum, unless it is finished or not bound.
+fn add_requested(requested: &mut HashMap<String, Resources>, pod: &Pod) {
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()) else {
+        return;
+    };
+    if is_finished(pod) {
+        return;
+    }
+    let add = CapacityPod::from_pod(pod).requests;
+    let sum = requested.entry(node.clone()).or_default();
+    sum.cpu_milli = sum.cpu_milli.saturating_add(add.cpu_milli);
+    sum.memory_bytes = sum.memory_bytes.saturating_add(add.memory_bytes);
+}
+
+/// The capacity check of the `checked` nodes together: do the pods their drains would evict
+/// (`pods` maps each checked node to its pods) fit on the other schedulable `nodes`, next to what
+/// is `requested` there already? Adds an InsufficientCapacity finding (of `severity`) to the
+/// report of each checked node with a pod that finds no room.
+pub fn check_capacity(
+    reports: &mut [NodeReport],
+    pods: &HashMap<String, Vec<Pod>>,
+    rules: &DrainRules,
+    nodes: &[Node],
+    requested: &HashMap<String, Resources>,
+    severity: Severity,
+) -> CapacityReport {
+    let checked: BTreeSet<&str> = reports.iter().map(|r| r.node.as_str()).collect();
+    // Pod key -> its node, for the findings.
+    let mut home: HashMap<String, String> = HashMap::new();
+    let mut to_place = Vec::new();
+    for report in reports.iter() {
+        for pod in pods.get(&report.node).into_iter().flatten() {
+            if matches!(classify(rules, pod), PodDisposition::Evict) && !is_finished(pod) {
+                let pod = CapacityPod::from_pod(pod);
+                home.insert(pod.key.clone(), report.node.clone());
+                to_place.push(pod);
+            }
+        }
+    }
+    let mut remaining: Vec<CapacityNode> = nodes
+        .iter()
+        .filter(|n| takes_pods(n) && !checked.contains(n.name_any().as_str()))
+        .map(|n| {
+            let requested = requested.get(&n.name_any()).copied().unwrap_or_default();
+            CapacityNode::from_node(n, requested)
+        })
+        .collect();
+    // First fit depends on the order of the nodes: make it the same on every run.
+    remaining.sort_by(|a, b| natural_cmp(&a.name, &b.name));
+    let remaining_nodes = remaining.len();
+    // Pods that may run on none of the other nodes at all (nodeSelector, taints), room or not.
+    let pinned: BTreeSet<String> = to_place
+        .iter()
+        .filter(|pod| !remaining.iter().any(|node| pod.may_run_on(node)))
+        .map(|pod| pod.key.clone())
+        .collect();
+    let shortfall: Shortfall = match fit(&to_place, &mut remaining) {
+        Ok(_) => {
+            return CapacityReport {
+                pods_to_place: to_place.len(),
+                remaining_nodes,
+                fits: true,
+                unplaceable: Vec::new(),
+                message: None,
+            };
+        }
+        Err(shortfall) => shortfall,
+    };
+    let label = match &*reports {
+        [one] => one.node.clone(),
+        many => format!("the {} checked nodes together", many.len()),
+    };
+    let pinned = match pinned.len() {
+        0 => String::new(),
+        1 => {
+            "; 1 unplaceable pod may run on no other node at all (nodeSelector, taints)".to_string()
+        }
+        n => {
+            format!("; {n} unplaceable pods may run on no other node at all (nodeSelector, taints)")
+        }
+    };
+    let message = format!(
+        "{}{pinned}: the pods left over stay Pending; make room (more or larger nodes) or \
+         maintain fewer nodes at once",
+        shortfall.describe(&label)
+    );
+    for report in reports.iter_mut() {
+        // `unplaceable` is largest first: the first of this node's names it.
+        let largest = shortfall
+            .unplaceable
+            .iter()
+            .find(|(pod, _)| home.get(pod) == Some(&report.node));
+        if let Some((pod, _)) = largest {
+            report.findings.push(Finding {
+                pod: pod.clone(),
+                severity,
+                check: "InsufficientCapacity",
+                message: message.clone(),
+            });
+            report
+                .findings
+                .sort_by(|a, b| a.pod.cmp(&b.pod).then(a.severity.cmp(&b.severity)));
+            report.verdict = verdict(&report.findings);
+        }
+    }
+    CapacityReport {
+        pods_to_place: to_place.len(),
+        remaining_nodes,
+        fits: false,
+        unplaceable: shortfall
+            .unplaceable
+            .into_iter()
+            .map(|(pod, _)| pod)
+            .collect(),
+        message: Some(message),
+    }
+}
+
+/// The human-readable report; `capacity` adds its line at the end.
+fn render(reports: &[NodeReport], capacity: Option<&CapacityReport>) -> String {
     let mut out = String::new();
     for report in reports {
         let blocks = report
@@ -446,6 +609,24 @@ fn render(reports: &[NodeReport]) -> String {
         count("warnings"),
         count("ok"),
     ));
+    if let Some(capacity) = capacity {
+        let pods = match capacity.pods_to_place {
+            1 => "the 1 pod to evict".to_string(),
+            n => format!("the {n} pods to evict"),
+        };
+        let nodes = match capacity.remaining_nodes {
+            1 => "the 1 other schedulable node".to_string(),
+            n => format!("the {n} other schedulable nodes"),
+        };
+        out.push_str(&if capacity.fits {
+            format!("Capacity: {pods} fit on {nodes}.\n")
+        } else {
+            format!(
+                "Capacity: {} of {pods} do not fit on {nodes} (InsufficientCapacity).\n",
+                capacity.unplaceable.len()
+            )
+        });
+    }
     out
 }
 
@@ -491,16 +672,7 @@ async fn pods_by_node(
     let mut by_node: HashMap<String, Vec<Pod>> =
         nodes.iter().map(|n| (n.clone(), Vec::new())).collect();
     if nodes.len() > PER_NODE_LIST_LIMIT {
-        let pods = list_all(&api, ListParams::default())
-            .await
-            .map_err(|err| api_error(err, "list pods in all namespaces"))?;
-        for pod in pods {
-            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-            if let Some(list) = node.and_then(|n| by_node.get_mut(&n)) {
-                list.push(pod);
-            }
-        }
-        return Ok(by_node);
+        return Ok(cluster_pods(client, nodes).await?.0);
     }
     let lists: Vec<(String, Vec<Pod>)> = futures::stream::iter(nodes.iter().cloned())
         .map(|node| {
@@ -518,6 +690,38 @@ async fn pods_by_node(
         .await?;
     by_node.extend(lists);
     Ok(by_node)
+}
+
+/// The pods bound to each of `nodes`, and what the pods of every node request (finished pods
+/// left out): one paged list of the pods of the whole cluster, folded page by page so that only
+/// the pods of `nodes` are kept.
+async fn cluster_pods(
+    client: &Client,
+    nodes: &[String],
+) -> anyhow::Result<(HashMap<String, Vec<Pod>>, HashMap<String, Resources>)> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let mut by_node: HashMap<String, Vec<Pod>> =
+        nodes.iter().map(|n| (n.clone(), Vec::new())).collect();
+    let mut requested: HashMap<String, Resources> = HashMap::new();
+    // Pages as `list_all`'s.
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api
+            .list(&params)
+            .await
+            .map_err(|err| api_error(err, "list pods in all namespaces"))?;
+        for pod in page.items {
+            add_requested(&mut requested, &pod);
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            if let Some(list) = node.and_then(|n| by_node.get_mut(&n)) {
+                list.push(pod);
+            }
+        }
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok((by_node, requested)),
+        }
+    }
 }
 
 /// Resolves the controllers of the given pods into workloads with their replica counts.
@@ -625,7 +829,13 @@ pub async fn run(global: &GlobalArgs, args: PreflightArgs) -> anyhow::Result<Out
     })?;
     let (client, _) = connect(global).await?;
     let nodes = select_nodes(&client, &args).await?;
-    let pods = pods_by_node(&client, &nodes).await?;
+    // The capacity check needs what every node's pods request: one list of all pods serves both.
+    let (pods, requested) = if args.skip_capacity {
+        (pods_by_node(&client, &nodes).await?, None)
+    } else {
+        let (pods, requested) = cluster_pods(&client, &nodes).await?;
+        (pods, Some(requested))
+    };
     let pdbs = list_all(
         &Api::<PodDisruptionBudget>::all(client.clone()),
         ListParams::default(),
@@ -636,21 +846,43 @@ pub async fn run(global: &GlobalArgs, args: PreflightArgs) -> anyhow::Result<Out
         pdbs,
         workloads: workloads(&client, pods.values().flatten()).await?,
     };
-    let reports: Vec<NodeReport> = nodes
+    let mut reports: Vec<NodeReport> = nodes
         .iter()
         .map(|node| {
             let node_pods = pods.get(node).map(Vec::as_slice).unwrap_or_default();
             check_node(node, node_pods, &rules, &facts)
         })
         .collect();
+    let capacity = match requested {
+        None => None,
+        Some(requested) => {
+            let all_nodes = list_all(&Api::<Node>::all(client.clone()), ListParams::default())
+                .await
+                .map_err(|err| api_error(err, "list nodes"))?;
+            let severity = if args.check_capacity {
+                Severity::Block
+            } else {
+                Severity::Warn
+            };
+            Some(check_capacity(
+                &mut reports,
+                &pods,
+                &rules,
+                &all_nodes,
+                &requested,
+                severity,
+            ))
+        }
+    };
     let blocked = reports.iter().filter(|r| r.verdict == "blocked").count();
     match args.output {
-        OutputFormat::Table => print!("{}", render(&reports)),
+        OutputFormat::Table => print!("{}", render(&reports, capacity.as_ref())),
         OutputFormat::Json => println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "nodes": reports,
                 "blocked": blocked,
+                "capacity": capacity,
             }))
             .context("cannot write the report as JSON")?
         ),
@@ -665,8 +897,12 @@ pub async fn run(global: &GlobalArgs, args: PreflightArgs) -> anyhow::Result<Out
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, PodSpec, PodStatus, Volume};
+    use k8s_openapi::api::core::v1::{
+        Container, EmptyDirVolumeSource, NodeCondition, NodeSpec, NodeStatus, PodSpec, PodStatus,
+        ResourceRequirements, Volume,
+    };
     use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         LabelSelector, ObjectMeta, OwnerReference,
     };
@@ -938,7 +1174,7 @@ mod tests {
         let report = check_node("n1", &pods, &rules(false, false), &paced);
         assert_eq!(report.verdict, "ok");
         assert_eq!(report.pods_to_evict, 2);
-        assert!(render(&[report]).starts_with("n1: ok (2 pods to evict, nothing blocks)"));
+        assert!(render(&[report], None).starts_with("n1: ok (2 pods to evict, nothing blocks)"));
     }
 
     #[test]
@@ -959,5 +1195,225 @@ mod tests {
         );
         assert_eq!(report.verdict, "ok");
         assert_eq!(report.pods_to_evict, 0);
+    }
+
+    fn quantities(cpu: &str, memory: &str) -> BTreeMap<String, Quantity> {
+        BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.into())),
+            ("memory".to_string(), Quantity(memory.into())),
+        ])
+    }
+
+    /// A ReplicaSet pod on `node` requesting `cpu` and `memory`.
+    fn sized_pod(name: &str, node: &str, cpu: &str, memory: &str) -> Pod {
+        let mut pod = pod(name, name, Some(("ReplicaSet", "rs")), false);
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.node_name = Some(node.into());
+            spec.containers = vec![Container {
+                name: "main".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(quantities(cpu, memory)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }];
+        }
+        pod
+    }
+
+    fn node(name: &str, cpu: &str, memory: &str, ready: bool, cordoned: bool) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: Some(cordoned),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                allocatable: Some(quantities(cpu, memory)),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn report(node: &str) -> NodeReport {
+        NodeReport {
+            node: node.into(),
+            verdict: "ok",
+            pods_to_evict: 0,
+            findings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn requested_sums_leave_finished_and_unbound_pods_out() {
+        let mut requested = HashMap::new();
+        let mut done = sized_pod("done", "n2", "8", "8Gi");
+        if let Some(status) = done.status.as_mut() {
+            status.phase = Some("Succeeded".into());
+        }
+        let mut unbound = sized_pod("unbound", "n2", "8", "8Gi");
+        if let Some(spec) = unbound.spec.as_mut() {
+            spec.node_name = None;
+        }
+        for pod in [
+            sized_pod("a", "n2", "500m", "1Gi"),
+            sized_pod("b", "n2", "1", "512Mi"),
+            done,
+            unbound,
+        ] {
+            add_requested(&mut requested, &pod);
+        }
+        assert_eq!(
+            requested.get("n2"),
+            Some(&Resources {
+                cpu_milli: 1500,
+                memory_bytes: (1 << 30) + (512 << 20),
+            })
+        );
+        assert_eq!(requested.len(), 1);
+    }
+
+    #[test]
+    fn evicted_pods_must_fit_on_the_other_schedulable_nodes() {
+        // n1 and n2 are checked; n3 has 4 CPU with 1 requested; n4 is cordoned, n5 not Ready.
+        let pods: HashMap<String, Vec<Pod>> = HashMap::from([
+            (
+                "n1".to_string(),
+                vec![
+                    sized_pod("web-1", "n1", "2", "1Gi"),
+                    // Not evicted by a drain: not placed either.
+                    pod("agent-1", "agent", Some(("DaemonSet", "agent")), false),
+                ],
+            ),
+            (
+                "n2".to_string(),
+                vec![sized_pod("web-2", "n2", "2500m", "1Gi")],
+            ),
+        ]);
+        let nodes = [
+            node("n1", "8", "8Gi", true, false),
+            node("n2", "8", "8Gi", true, false),
+            node("n3", "4", "8Gi", true, false),
+            node("n4", "64", "64Gi", true, true),
+            node("n5", "64", "64Gi", false, false),
+        ];
+        let requested = HashMap::from([(
+            "n3".to_string(),
+            Resources {
+                cpu_milli: 1000,
+                memory_bytes: 0,
+            },
+        )]);
+
+        // One node: its pod fits on n3.
+        let mut one = [report("n1")];
+        let capacity = check_capacity(
+            &mut one,
+            &pods,
+            &rules(false, false),
+            &nodes,
+            &requested,
+            Severity::Warn,
+        );
+        assert!(capacity.fits, "{capacity:?}");
+        assert_eq!((capacity.pods_to_place, capacity.remaining_nodes), (1, 2));
+        assert_eq!(one[0].verdict, "ok");
+        assert!(
+            render(&one, Some(&capacity))
+                .ends_with("Capacity: the 1 pod to evict fit on the 2 other schedulable nodes.\n")
+        );
+
+        // Both: 4.5 CPU for 3 free; the larger pod is placed first, web-1 is left over.
+        let mut both = [report("n1"), report("n2")];
+        let capacity = check_capacity(
+            &mut both,
+            &pods,
+            &rules(false, false),
+            &nodes,
+            &requested,
+            Severity::Block,
+        );
+        assert!(!capacity.fits);
+        assert_eq!(capacity.remaining_nodes, 1);
+        assert_eq!(capacity.unplaceable, ["team/web-1"]);
+        assert_eq!(both[0].verdict, "blocked");
+        assert_eq!(both[1].verdict, "ok");
+        assert_eq!(
+            checks(&both[0]),
+            [(
+                "team/web-1".to_string(),
+                Severity::Block,
+                "InsufficientCapacity"
+            )]
+        );
+        assert_eq!(
+            both[0].findings[0].message,
+            "pods of the 2 checked nodes together need 1500m CPU more than the 1 remaining \
+             schedulable nodes have free; largest unplaceable pod team/web-1 needs 2 CPU and 1Gi: \
+             the pods left over stay Pending; make room (more or larger nodes) or maintain fewer \
+             nodes at once"
+        );
+        let text = render(&both, Some(&capacity));
+        assert!(
+            text.contains("  BLOCK   team/web-1   InsufficientCapacity   pods of the 2 checked"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "Capacity: 1 of the 2 pods to evict do not fit on the 1 other schedulable node \
+                 (InsufficientCapacity).\n"
+            ),
+            "{text}"
+        );
+
+        // Without --check-capacity it only warns.
+        let mut warned = [report("n1"), report("n2")];
+        check_capacity(
+            &mut warned,
+            &pods,
+            &rules(false, false),
+            &nodes,
+            &requested,
+            Severity::Warn,
+        );
+        assert_eq!(warned[0].verdict, "warnings");
+    }
+
+    #[test]
+    fn pods_that_may_run_on_no_other_node_are_named_as_such() {
+        let mut pinned = sized_pod("local-1", "n1", "1", "1Gi");
+        if let Some(spec) = pinned.spec.as_mut() {
+            spec.node_selector = Some(labels(&[("kubernetes.io/hostname", "n1")]));
+        }
+        let pods = HashMap::from([("n1".to_string(), vec![pinned])]);
+        let nodes = [
+            node("n1", "8", "8Gi", true, false),
+            node("n2", "8", "8Gi", true, false),
+        ];
+        let mut reports = [report("n1")];
+        let capacity = check_capacity(
+            &mut reports,
+            &pods,
+            &rules(false, false),
+            &nodes,
+            &HashMap::new(),
+            Severity::Warn,
+        );
+        assert_eq!(capacity.unplaceable, ["team/local-1"]);
+        let message = capacity.message.unwrap_or_default();
+        assert!(
+            message.starts_with("pods of n1 do not fit on the 1 remaining schedulable nodes")
+                && message.contains("; 1 unplaceable pod may run on no other node at all"),
+            "{message}"
+        );
+        assert_eq!(reports[0].verdict, "warnings");
     }
 }

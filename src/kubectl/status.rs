@@ -7,10 +7,10 @@ use clap::Args;
 use futures::StreamExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use maintenance_crds::{NodeMaintenance, Phase};
+use maintenance_crds::{NodeMaintenance, Phase, condition_type};
 
 use super::board::Board;
-use super::view::{RequestView, render_table};
+use super::view::{RequestView, render_columns, render_table};
 use super::{GlobalArgs, Outcome, api_error, connect, human_duration, natural_cmp};
 
 #[derive(Debug, Clone, Args)]
@@ -27,6 +27,90 @@ pub struct StatusArgs {
     /// Only the requests of this requestor.
     #[arg(long, value_name = "ID")]
     pub requestor: Option<String>,
+}
+
+/// Pending requests shown with their reason, at most this many lines (then a count of the rest).
+const MAX_PENDING_LINES: usize = 10;
+
+/// A Pending request and why it waits: the operator's message on its `Ready` condition
+/// (`budget zones: ...`, `no free slot: maxParallelOperations=...`, `outside the maintenance
+/// windows; ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingReason {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    pub message: String,
+}
+
+/// Why `nm` waits, when it is Pending (not being deleted) and the operator said why. A request the
+/// operator has not seen yet has no reason: the table's WAITING FOR column covers it.
+fn pending_reason(nm: &NodeMaintenance) -> Option<PendingReason> {
+    if nm.phase() != Phase::Pending || nm.is_deleting() {
+        return None;
+    }
+    let ready = nm.condition(condition_type::READY)?;
+    // One line, whatever the operator's message looks like.
+    let message = ready
+        .message
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    (!message.is_empty()).then(|| PendingReason {
+        namespace: nm.metadata.namespace.clone().unwrap_or_default(),
+        name: nm.metadata.name.clone().unwrap_or_default(),
+        node: nm.spec.node_name.clone(),
+        message,
+    })
+}
+
+/// The reasons of the Pending requests among `requests`, in the table's order.
+fn pending_reasons<'a>(
+    requests: impl Iterator<Item = &'a NodeMaintenance>,
+    requestor: Option<&str>,
+) -> Vec<PendingReason> {
+    let mut reasons: Vec<PendingReason> = requests
+        .filter(|nm| requestor.is_none_or(|r| nm.spec.requestor_id == r))
+        .filter_map(pending_reason)
+        .collect();
+    reasons.sort_by(|a, b| {
+        a.namespace
+            .cmp(&b.namespace)
+            .then_with(|| natural_cmp(&a.node, &b.node))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    reasons
+}
+
+/// `… and N more Pending` when more than `cap` reasons are left out.
+fn more_line(reasons: &[PendingReason], cap: usize) -> Option<String> {
+    (reasons.len() > cap).then(|| format!("… and {} more Pending", reasons.len() - cap))
+}
+
+/// The section below the `status` table: a line per Pending request (node, then why it waits),
+/// at most `cap`, then how many more. Empty when no Pending request has a reason.
+pub fn render_pending(reasons: &[PendingReason], cap: usize) -> String {
+    if reasons.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = reasons
+        .iter()
+        .take(cap)
+        .map(|r| vec![format!("  {}", r.node), r.message.clone()])
+        .collect();
+    let more = more_line(reasons, cap).map_or_else(String::new, |more| format!("  {more}\n"));
+    format!("\nWhy Pending:\n{}{more}", render_columns(&rows))
+}
+
+/// The note lines of `status --watch`: `node-3 Pending: <why>`, at most `cap`, then how many more.
+pub fn pending_notes(reasons: &[PendingReason], cap: usize) -> Vec<String> {
+    let mut lines: Vec<String> = reasons
+        .iter()
+        .take(cap)
+        .map(|r| format!("{} Pending: {}", r.node, r.message))
+        .collect();
+    lines.extend(more_line(reasons, cap));
+    lines
 }
 
 fn sorted_views<'a>(
@@ -67,6 +151,8 @@ pub async fn run(global: &GlobalArgs, args: StatusArgs) -> anyhow::Result<Outcom
     }
     if !args.watch {
         print!("{}", render_table(&views, args.all_namespaces));
+        let reasons = pending_reasons(listed.items.iter(), args.requestor.as_deref());
+        print!("{}", render_pending(&reasons, MAX_PENDING_LINES));
         return Ok(Outcome::Success);
     }
     let nodes: Vec<String> = views.iter().map(|v| v.node.clone()).collect();
@@ -177,6 +263,10 @@ async fn watch(
             }
         }
         shown = keys;
+        board.notes(&pending_notes(
+            &pending_reasons(requests.values(), requestor),
+            MAX_PENDING_LINES,
+        ));
         let total = views.len() as u64;
         board.overall(
             ready,
@@ -195,5 +285,109 @@ async fn watch(
             }
             return Ok(Outcome::Success);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use maintenance_crds::{NodeMaintenanceSpec, NodeMaintenanceStatus};
+
+    fn request(node: &str, reason: Option<(&str, &str)>) -> NodeMaintenance {
+        let mut nm = NodeMaintenance::new(
+            &format!("fw-{node}"),
+            NodeMaintenanceSpec {
+                requestor_id: "fw.example.com".into(),
+                node_name: node.into(),
+                ..Default::default()
+            },
+        );
+        nm.metadata.namespace = Some("default".into());
+        nm.status = reason.map(|(reason, message)| NodeMaintenanceStatus {
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: reason.into(),
+                message: message.into(),
+                last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        });
+        nm
+    }
+
+    #[test]
+    fn only_pending_requests_with_a_message_have_a_reason() {
+        let mut deleting = request("node-5", Some(("Pending", "no free slot")));
+        deleting.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        let requests = [
+            request(
+                "node-10",
+                Some(("Pending", "no free slot: maxParallelOperations=2")),
+            ),
+            request(
+                "node-2",
+                Some(("Pending", "budget zones: zone-a\n  allows 0 now")),
+            ),
+            request("node-3", None),
+            request("node-4", Some(("Draining", "evicting"))),
+            request("node-6", Some(("Pending", ""))),
+            deleting,
+        ];
+        let reasons = pending_reasons(requests.iter(), None);
+        let summary: Vec<(&str, &str)> = reasons
+            .iter()
+            .map(|r| (r.node.as_str(), r.message.as_str()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("node-2", "budget zones: zone-a allows 0 now"),
+                ("node-10", "no free slot: maxParallelOperations=2"),
+            ]
+        );
+        assert!(pending_reasons(requests.iter(), Some("other.example.com")).is_empty());
+    }
+
+    #[test]
+    fn the_pending_section_names_node_and_reason_and_caps_the_lines() {
+        assert_eq!(render_pending(&[], MAX_PENDING_LINES), "");
+        let requests: Vec<NodeMaintenance> = (1..=13)
+            .map(|i| {
+                request(
+                    &format!("node-{i}"),
+                    Some((
+                        "Pending",
+                        "outside the maintenance windows; next opens 2026-01-01T02:00:00Z",
+                    )),
+                )
+            })
+            .collect();
+        let reasons = pending_reasons(requests.iter(), None);
+        let section = render_pending(&reasons, 10);
+        let lines: Vec<&str> = section.lines().collect();
+        assert_eq!(lines[0], "");
+        assert_eq!(lines[1], "Why Pending:");
+        assert_eq!(
+            lines[2],
+            "  node-1    outside the maintenance windows; next opens 2026-01-01T02:00:00Z"
+        );
+        assert!(lines[11].starts_with("  node-10   outside"), "{section}");
+        assert_eq!(lines[12], "  … and 3 more Pending");
+        assert_eq!(lines.len(), 13, "{section}");
+
+        let notes = pending_notes(&reasons[..2], 10);
+        assert_eq!(
+            notes,
+            [
+                "node-1 Pending: outside the maintenance windows; next opens 2026-01-01T02:00:00Z",
+                "node-2 Pending: outside the maintenance windows; next opens 2026-01-01T02:00:00Z",
+            ]
+        );
+        let capped = pending_notes(&reasons, 1);
+        assert_eq!(capped.len(), 2);
+        assert_eq!(capped[1], "… and 12 more Pending");
     }
 }

@@ -7,11 +7,11 @@ use crate::budgets::{GroupCount, GroupStatus};
 use crate::drainability::{DrainBlocker, PreferDrainable};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
-const NAMESPACE: &str = "team";
+pub(super) const NAMESPACE: &str = "team";
 const ZONE: &str = "topology.kubernetes.io/zone";
 const POOL: &str = "pool";
 
-fn at(seconds: i64) -> jiff::Timestamp {
+pub(super) fn at(seconds: i64) -> jiff::Timestamp {
     jiff::Timestamp::from_second(1_700_000_000 + seconds).unwrap()
 }
 
@@ -31,7 +31,7 @@ fn node(name: &str, unavailable: bool, labels: &[(&str, &str)]) -> NodeState {
 }
 
 /// A request on `node`, created `created` seconds after the epoch of [`at`].
-fn request(name: &str, node: &str, phase: Phase, created: i64) -> RequestState {
+pub(super) fn request(name: &str, node: &str, phase: Phase, created: i64) -> RequestState {
     RequestState {
         namespace: NAMESPACE.to_string(),
         name: name.to_string(),
@@ -43,7 +43,7 @@ fn request(name: &str, node: &str, phase: Phase, created: i64) -> RequestState {
     }
 }
 
-fn key(name: &str) -> RequestKey {
+pub(super) fn key(name: &str) -> RequestKey {
     RequestKey {
         namespace: NAMESPACE.to_string(),
         name: name.to_string(),

@@ -1,0 +1,151 @@
+//! Capacity-aware admission (`spec.admission.checkCapacity`) on a live control plane: a node
+//! whose pods would not fit on the other nodes is not admitted, its Pending message, `plan` and
+//! the metrics say what is missing and by how much; once a node is added it is admitted, drained,
+//! and its pod runs on the new node. On a testbed of its own: capacity counts every node.
+//!
+//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_capacity`
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use maintenance_crds::{Admission, MaintenanceOperatorConfigSpec, Phase};
+use support::operator::*;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+const REQUESTOR: &str = "capacity.example.com";
+
+#[tokio::test]
+async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<()> {
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(
+        &client,
+        Some(MaintenanceOperatorConfigSpec {
+            max_parallel_operations: Some(IntOrString::Int(10)),
+            admission: Some(Admission {
+                check_capacity: Some(true),
+                ..Admission::default()
+            }),
+            ..MaintenanceOperatorConfigSpec::default()
+        }),
+    )
+    .await?;
+    // Two nodes of 2 CPU; one 1500m pod on each: neither node has room for the other's pod.
+    let prefix = unique_name("cap");
+    let small = NodeOptions {
+        cpu: "2".into(),
+        memory: "4Gi".into(),
+        ..NodeOptions::default()
+    };
+    let nodes = create_nodes_with(&client, &prefix, 2, &small).await?;
+    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let ns = unique_name("capacity");
+    create_namespace(&client, &ns).await?;
+    let pod = PodSpecOptions {
+        requests: BTreeMap::from([
+            ("cpu".to_string(), "1500m".to_string()),
+            ("memory".to_string(), "1Gi".to_string()),
+        ]),
+        ..PodSpecOptions::on_nodes_with_prefix(&prefix)
+    };
+    create_deployment(&client, &ns, "web", 2, &[("app", "web")], &pod).await?;
+    let pods = wait_pods_ready(&client, &ns, "app=web", 2, WAIT).await?;
+    let on_first: Vec<String> = pods
+        .iter()
+        .filter(|p| pod_node(p) == Some(nodes[0].as_str()))
+        .map(|p| format!("{ns}/{}", p.name_any()))
+        .collect();
+    ensure!(
+        on_first.len() == 1,
+        "precondition: one pod on each node, got {on_first:?} on {}",
+        nodes[0]
+    );
+    let op = Operator::start(&testbed, &[]).await?;
+
+    let mut spec = request_spec(&nodes[0], REQUESTOR);
+    spec.drain_spec = drain_spec(false, 0);
+    create_request(&client, &ns, "first", spec).await?;
+    let expected = format!(
+        "pods of {} need 1 CPU more than the 1 remaining schedulable nodes have free; largest unplaceable pod {} needs 1500m CPU and 1Gi",
+        nodes[0], on_first[0]
+    );
+    wait_for("the request held back for capacity", WAIT, || async {
+        let request = get_request(&client, &ns, "first")
+            .await?
+            .context("request gone")?;
+        Ok((pending_message(&request) == Some(expected.as_str())).then_some(()))
+    })
+    .await?;
+    // More rounds admit nothing, and the node stays schedulable.
+    wait_scheduler_rounds(&op, 3).await?;
+    let request = get_request(&client, &ns, "first")
+        .await?
+        .context("request gone")?;
+    ensure!(
+        request.phase() == Phase::Pending,
+        "admitted without room: {}",
+        describe(&request)
+    );
+    ensure!(
+        !node_unschedulable(&client, &nodes[0]).await?,
+        "{} was cordoned although its pods do not fit",
+        nodes[0]
+    );
+    ensure!(
+        op.metric("maintenance_operator_requests_waiting{cause=\"insufficientCapacity\"}")
+            .await?
+            == 1.0,
+        "the waiting-requests metric does not count the request"
+    );
+    let plan = plan_json(&testbed)?;
+    let waiting = &plan["waiting"][0];
+    ensure!(
+        waiting["cause"] == "insufficientCapacity" && waiting["reason"] == expected.as_str(),
+        "plan does not say what does not fit: {plan}"
+    );
+    ensure!(
+        plan["capacity"]["schedulableNodes"] == 2,
+        "plan's capacity: {plan}"
+    );
+
+    // Capacity is added: the request is admitted, drained, and its pod runs on the new node.
+    let extra = format!("{prefix}-extra");
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &node_object(&extra, &prefix, &small),
+        )
+        .await
+        .context("creating the extra node")?;
+    wait_nodes_ready(&client, std::slice::from_ref(&extra), WAIT).await?;
+    wait_phase(&client, &ns, "first", Phase::Ready, WAIT).await?;
+    ensure!(
+        node_unschedulable(&client, &nodes[0]).await?,
+        "{} is Ready but not cordoned",
+        nodes[0]
+    );
+    let pods = wait_pods_ready(&client, &ns, "app=web", 2, WAIT).await?;
+    let placement: Vec<Option<&str>> = pods.iter().map(pod_node).collect();
+    ensure!(
+        placement.contains(&Some(extra.as_str())) && !placement.contains(&Some(nodes[0].as_str())),
+        "the evicted pod should run on the new node: {placement:?}"
+    );
+    let left: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().fields(&format!("spec.nodeName={}", nodes[0])))
+        .await?
+        .items;
+    ensure!(
+        left.is_empty(),
+        "pods left on the drained node: {}",
+        left.len()
+    );
+    Ok(())
+}
