@@ -324,21 +324,38 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
     )
     .await?;
     assert_eq!(drain(&waiting).wait_for_eviction, vec![key.clone()]);
-    // It keeps asking and keeps being refused, as the API server saw it.
-    let testbed = shared_cluster().await?.testbed;
-    let refused = wait_for("two refused eviction calls", WAIT, || async {
-        let audit = AuditLog::read(testbed)?;
-        let calls: Vec<EvictionCall> = audit
-            .evictions_of(&ns, &serving.name_any())
-            .into_iter()
-            .cloned()
-            .collect();
-        Ok((calls.iter().filter(|c| c.code == 429).count() >= 2).then_some(calls))
+    // It keeps waiting without asking: the per-budget gate holds the eviction back while the
+    // budget allows no disruption, and says so.
+    let operator = &shared_cluster().await?.operator;
+    let held_before = operator
+        .metric("maintenance_operator_evictions_held_total")
+        .await?;
+    wait_request(
+        &client,
+        &ns,
+        "maint",
+        "the drain to say the gate holds the eviction without a call",
+        WAIT,
+        |r| blocked(r, &key).is_some_and(|b| b.message.contains("no call was made")),
+    )
+    .await?;
+    wait_for("the gate to hold the eviction again", WAIT, || async {
+        let held = operator
+            .metric("maintenance_operator_evictions_held_total")
+            .await?;
+        Ok((held >= held_before + 3.0).then_some(()))
     })
     .await?;
+    let testbed = shared_cluster().await?.testbed;
+    let calls: Vec<EvictionCall> = AuditLog::read(testbed)?
+        .evictions_of(&ns, &serving.name_any())
+        .into_iter()
+        .cloned()
+        .collect();
+    // At most one: the gate's PDB cache may not have seen the brand-new budget at the first try.
     assert!(
-        refused.iter().all(|c| c.code == 429),
-        "only refusals while the PDB allows no disruption: {refused:?}"
+        calls.len() <= 1 && calls.iter().all(|c| c.code == 429),
+        "eviction calls while the PDB allows no disruption, as the API server saw them: {calls:?}"
     );
     let pod = Api::<Pod>::namespaced(client.clone(), &ns)
         .get(&serving.name_any())
@@ -1743,6 +1760,14 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
         evicted.len(),
         calls as f64 / evicted.len().max(1) as f64,
         audit.eviction_codes()
+    );
+    // The per-budget gate admits no more calls than a budget allows: refused calls are rare
+    // (races between budget updates). Without it this run made 1.56-1.64 calls per pod; the
+    // goal is 1.15, the guard leaves room for a slow machine's races.
+    let calls_per_pod = calls as f64 / evicted.len().max(1) as f64;
+    ensure!(
+        calls_per_pod <= 1.25,
+        "{calls_per_pod:.2} eviction calls per evicted pod: the per-budget gate lets refused calls through"
     );
     let times: Vec<Timestamp> = audit.evictions.iter().map(|c| c.received).collect();
     if let (Some(first), Some(last)) = (times.first(), times.last()) {

@@ -1,16 +1,112 @@
-//! The one eviction executor shared by every node actor: a global rate limit on Eviction API
-//! calls (protecting the API server) and a precise reading of each answer.
+//! The one eviction executor shared by every node actor: per-budget admission of eviction calls
+//! (no more calls in flight for a PodDisruptionBudget than it allows, decided by
+//! `maintenance_core::eviction::TokenBook` over one cluster-wide PDB cache), a global rate limit
+//! on Eviction API calls (protecting the API server) and a precise reading of each answer.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
+use futures::StreamExt;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 
-use maintenance_core::eviction::{DeleteOutcome, EvictionOutcome};
+use maintenance_core::drain_plan::pdb_selects;
+use maintenance_core::eviction::{
+    DeleteOutcome, EvictionOutcome, GateVerdict, PdbAllowance, TokenBook,
+};
 
 use crate::metrics::Metrics;
+use crate::task::AbortOnDrop;
+
+/// How long the first eviction waits for the PDB cache to fill; past it, calls go ungated (the
+/// API server still enforces every budget).
+const PDB_CACHE_WAIT: Duration = Duration::from_secs(10);
+
+/// The cluster's PodDisruptionBudgets, watched from the first eviction on (PDBs are few and small;
+/// only a leader that drains reads them), and the tokens of each.
+struct PdbGate {
+    client: kube::Client,
+    cache: tokio::sync::OnceCell<(Store<PodDisruptionBudget>, AbortOnDrop)>,
+    book: Mutex<TokenBook>,
+}
+
+impl PdbGate {
+    async fn store(&self) -> Option<&Store<PodDisruptionBudget>> {
+        let (store, _) = self
+            .cache
+            .get_or_init(|| async {
+                let (store, writer) = reflector::store();
+                let api: Api<PodDisruptionBudget> = Api::all(self.client.clone());
+                let stream = reflector::reflector(
+                    writer,
+                    watcher(api, watcher::Config::default())
+                        .default_backoff()
+                        .modify(|pdb| {
+                            pdb.metadata.managed_fields = None;
+                            pdb.metadata.annotations = None;
+                        }),
+                )
+                .applied_objects();
+                let task = tokio::spawn(async move {
+                    futures::pin_mut!(stream);
+                    while let Some(event) = stream.next().await {
+                        if let Err(err) = event {
+                            tracing::debug!(%err, "PodDisruptionBudget cache: watch error; retrying");
+                        }
+                    }
+                });
+                (store, AbortOnDrop(task))
+            })
+            .await;
+        tokio::time::timeout(PDB_CACHE_WAIT, store.wait_until_ready())
+            .await
+            .ok()?
+            .ok()?;
+        Some(store)
+    }
+
+    /// May the eviction of a pod of `namespace` with `labels` be called now?
+    async fn admit(&self, namespace: &str, labels: &BTreeMap<String, String>) -> GateVerdict {
+        let Some(store) = self.store().await else {
+            return GateVerdict::Call;
+        };
+        let pdbs = store.state();
+        let covering: Vec<PdbAllowance> = pdbs
+            .iter()
+            .filter(|pdb| pdb_selects(pdb, namespace, labels))
+            .map(|pdb| PdbAllowance {
+                key: (
+                    namespace.to_string(),
+                    pdb.metadata.name.clone().unwrap_or_default(),
+                ),
+                resource_version: pdb.metadata.resource_version.clone().unwrap_or_default(),
+                disruptions_allowed: pdb
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.disruptions_allowed)
+                    .unwrap_or(0),
+            })
+            .collect();
+        let Ok(mut book) = self.book.lock() else {
+            return GateVerdict::Call;
+        };
+        if book.len() > pdbs.len() {
+            book.retain(|(ns, name)| {
+                pdbs.iter().any(|p| {
+                    p.metadata.namespace.as_deref() == Some(ns.as_str())
+                        && p.metadata.name.as_deref() == Some(name.as_str())
+                })
+            });
+        }
+        book.admit(&covering)
+    }
+}
 
 /// The eviction rate in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +121,7 @@ pub struct Evictor {
     client: kube::Client,
     limiter: RwLock<(EvictionRate, Arc<DefaultDirectRateLimiter>)>,
     metrics: Arc<Metrics>,
+    gate: PdbGate,
 }
 
 fn limiter_for(rate: EvictionRate) -> Arc<DefaultDirectRateLimiter> {
@@ -38,6 +135,11 @@ fn limiter_for(rate: EvictionRate) -> Arc<DefaultDirectRateLimiter> {
 impl Evictor {
     pub fn new(client: kube::Client, rate: EvictionRate, metrics: Arc<Metrics>) -> Evictor {
         Evictor {
+            gate: PdbGate {
+                client: client.clone(),
+                cache: tokio::sync::OnceCell::new(),
+                book: Mutex::new(TokenBook::default()),
+            },
             client,
             limiter: RwLock::new((rate, limiter_for(rate))),
             metrics,
@@ -67,15 +169,25 @@ impl Evictor {
         self.limiter.read().ok().map(|g| g.1.clone())
     }
 
-    /// Evicts one pod, waiting for the global rate limit first. `uid` guards against evicting a
-    /// new pod that took the old one's name.
+    /// Evicts one pod, unless its PodDisruptionBudget's disruptions are all spoken for (then the
+    /// outcome is a refusal by that budget, without a call), waiting for the global rate limit
+    /// first. `uid` guards against evicting a new pod that took the old one's name.
     pub async fn evict(
         &self,
         namespace: &str,
         name: &str,
         uid: Option<&str>,
+        labels: &BTreeMap<String, String>,
         is_retry: bool,
     ) -> EvictionOutcome {
+        if let GateVerdict::Hold {
+            pdb,
+            disruptions_allowed,
+        } = self.gate.admit(namespace, labels).await
+        {
+            self.metrics.evictions_held_total.inc();
+            return GateVerdict::hold_outcome(&pdb, disruptions_allowed);
+        }
         if let Some(limiter) = self.current_limiter() {
             limiter.until_ready().await;
         }
@@ -162,6 +274,7 @@ fn classify(result: Result<kube::core::response::Status, kube::Error>) -> Evicti
             429 => EvictionOutcome::Refused {
                 pdb: pdb_name_from_status(&status),
                 message: refusal_message(&status),
+                held: false,
             },
             500 if status.message.contains("more than one PodDisruptionBudget") => {
                 EvictionOutcome::MultiplePdbs {
@@ -245,7 +358,7 @@ mod tests {
             "Cannot evict pod as it would violate the pod's disruption budget.",
             vec![cause],
         )));
-        let EvictionOutcome::Refused { pdb, message } = outcome else {
+        let EvictionOutcome::Refused { pdb, message, .. } = outcome else {
             panic!("expected a refusal, got {outcome:?}");
         };
         assert_eq!(pdb.as_deref(), Some("web"));

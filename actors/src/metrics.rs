@@ -51,6 +51,8 @@ pub struct Metrics {
     /// Eviction calls by result (evicted, gone, refused, error) and HTTP code.
     pub eviction_requests_total: IntCounterVec,
     pub eviction_retries_total: IntCounter,
+    /// Evictions not called because their PodDisruptionBudget's disruptions were spoken for.
+    pub evictions_held_total: IntCounter,
     /// Pods currently refused eviction by a PodDisruptionBudget, by namespace and PDB.
     pub pods_blocked_by_pdb: GaugeVec,
     /// Pods deleted past `drainSpec.forceDeleteAfterSeconds`, by the namespace and PDB bypassed
@@ -180,6 +182,10 @@ impl Metrics {
                 "eviction_retries_total",
                 "Eviction calls that were a retry of a refused or failed one",
             ))?,
+            evictions_held_total: IntCounter::with_opts(opts(
+                "evictions_held_total",
+                "Evictions not called because the pod's PodDisruptionBudget had no disruption left to give (each would have been a refused call)",
+            ))?,
             pods_blocked_by_pdb: GaugeVec::new(
                 opts(
                     "pods_blocked_by_pdb",
@@ -273,6 +279,7 @@ impl Metrics {
             Box::new(self.requests_garbage_collected_total.clone()),
             Box::new(self.eviction_requests_total.clone()),
             Box::new(self.eviction_retries_total.clone()),
+            Box::new(self.evictions_held_total.clone()),
             Box::new(self.pods_blocked_by_pdb.clone()),
             Box::new(self.pods_force_deleted_total.clone()),
             Box::new(self.drain_duration_seconds.clone()),
@@ -408,14 +415,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 24, "{names:?}");
+        assert_eq!(names.len(), 25, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 24, "{names:?}");
+        assert_eq!(names.len(), 25, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

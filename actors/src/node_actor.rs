@@ -173,10 +173,11 @@ impl Actor for NodeActor {
                 }
             }
             NodeMsg::PdbChanged { namespace, name } => {
-                let pdbs = &state.ctx.pdbs;
+                // Every waiter is woken; the evictor's per-budget gate lets as many calls through
+                // as the budget allows and holds the rest without a call.
                 state
                     .ledger
-                    .wake_blocked_by(&namespace, &name, now, || pdbs.claim(&namespace, &name));
+                    .wake_blocked_by(&namespace, &name, now, || true);
             }
             NodeMsg::Evicted { key, uid, outcome } => {
                 tracing::debug!(pod = %key, outcome = ?outcome, "eviction answered");
@@ -455,6 +456,7 @@ fn start_eviction(myself: &ActorRef<NodeMsg>, state: &NodeState, order: Eviction
                 &order.namespace,
                 &order.name,
                 order.uid.as_deref(),
+                &order.labels,
                 order.is_retry,
             )
             .await;

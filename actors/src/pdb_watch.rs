@@ -1,10 +1,9 @@
 //! Watches of the PodDisruptionBudgets that block a drain right now, shared by all node actors:
 //! one watch per PDB however many nodes wait on it, started on first interest and stopped when
 //! nobody waits any more. A PDB's status change wakes the blocked evictions at once instead of
-//! at their next backoff.
+//! at their next backoff; the evictor's per-budget gate then decides how many of them call.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use futures::StreamExt;
@@ -57,9 +56,6 @@ type WatchMap = Mutex<HashMap<PdbKey, Watched>>;
 
 struct Watched {
     sender: watch::Sender<PdbState>,
-    /// Retries that may go now: reset to disruptionsAllowed on every change of the PDB, and
-    /// claimed by the node actors, so one freed disruption wakes one pod, not every waiter.
-    tokens: Arc<AtomicI32>,
     /// Live [`PdbSubscription`]s; the last one to drop removes the entry, which aborts the task.
     subscribers: usize,
     _task: AbortOnDrop,
@@ -145,8 +141,6 @@ impl PdbWatches {
             };
         }
         let (sender, receiver) = watch::channel(None);
-        let tokens = Arc::new(AtomicI32::new(0));
-        let task_tokens = tokens.clone();
         let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let tx = sender.clone();
@@ -156,14 +150,10 @@ impl PdbWatches {
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(watcher::Event::Apply(pdb) | watcher::Event::InitApply(pdb)) => {
-                        let summary = PdbSummary::from_pdb(&pdb);
-                        let allowed = summary.as_ref().map_or(0, |s| s.disruptions_allowed);
-                        task_tokens.store(allowed.max(0), Ordering::Release);
-                        tx.send_replace(summary);
+                        tx.send_replace(PdbSummary::from_pdb(&pdb));
                     }
                     Ok(watcher::Event::Delete(_)) => {
                         // Gone: nothing limits these pods any more.
-                        task_tokens.store(i32::MAX, Ordering::Release);
                         tx.send_replace(None);
                     }
                     Ok(_) => {}
@@ -175,7 +165,6 @@ impl PdbWatches {
             key,
             Watched {
                 sender,
-                tokens,
                 subscribers: 1,
                 _task: AbortOnDrop(task),
             },
@@ -189,22 +178,6 @@ impl PdbWatches {
         watched
             .get(&(namespace.to_string(), name.to_string()))
             .and_then(|w| w.sender.borrow().clone())
-    }
-
-    /// Claims one retry that the PDB's current state allows; false when its disruptions are all
-    /// spoken for (the waiter then waits for the next change, or its own backoff).
-    pub fn claim(&self, namespace: &str, name: &str) -> bool {
-        let Ok(watched) = self.watched.lock() else {
-            return true;
-        };
-        let Some(w) = watched.get(&(namespace.to_string(), name.to_string())) else {
-            return true;
-        };
-        w.tokens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                (t > 0).then(|| t - 1)
-            })
-            .is_ok()
     }
 
     /// How many PDBs are watched now (for tests and debugging): the entries of the map, each of

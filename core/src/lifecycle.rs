@@ -32,6 +32,8 @@ use crate::eviction::{DeleteOutcome, EvictionOutcome};
 pub const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
 /// Retry cadence for a blocked eviction once the drain has timed out: slow, but it recovers.
 pub const SLOW_RETRY: Duration = Duration::from_secs(30);
+/// How soon an eviction the per-budget gate held back looks again (jittered).
+pub const HELD_RECHECK: Duration = Duration::from_secs(2);
 /// While draining, the step runs at least this often (progress metrics, timeout).
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// Bounds of the per-pod eviction backoff.
@@ -113,6 +115,8 @@ pub struct EvictionOrder {
     pub name: String,
     pub uid: Option<String>,
     pub is_retry: bool,
+    /// The pod's labels: which PodDisruptionBudget selects it ([`crate::eviction::TokenBook`]).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// One pod to delete past the escalation deadline.
@@ -343,6 +347,13 @@ impl Ledger {
             EvictionOutcome::Evicted | EvictionOutcome::Gone => {
                 entry.accepted = true;
                 self.last_progress = Some(now);
+            }
+            // Held by the per-budget gate: no call was made, so it is no attempt, and it looks
+            // again soon (a look costs no call) in case the budget's change that wakes it was
+            // seen before the gate's own cache caught up.
+            EvictionOutcome::Refused { held: true, .. } => {
+                entry.attempts = entry.attempts.saturating_sub(1);
+                entry.next_attempt = after(now, HELD_RECHECK.mul_f64(0.5 + jitter.clamp(0.0, 1.0)));
             }
             EvictionOutcome::Refused { .. }
             | EvictionOutcome::MultiplePdbs { .. }
@@ -1179,6 +1190,7 @@ fn on_draining(
             name: pod.name.clone(),
             uid: entry.uid.clone(),
             is_retry: entry.attempts > 0,
+            labels: entry.labels.clone(),
         });
         entry.attempts += 1;
     }
@@ -1449,7 +1461,7 @@ fn blocked_entry(
         });
     }
     let (reason, message) = match entry.last.as_ref()? {
-        EvictionOutcome::Refused { pdb, message } => (
+        EvictionOutcome::Refused { pdb, message, .. } => (
             WaitReason::Pdb,
             match pdb {
                 Some(pdb) => format!(

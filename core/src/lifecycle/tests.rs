@@ -880,6 +880,7 @@ fn a_refused_eviction_backs_off_and_a_pdb_change_wakes_it() {
             EvictionOutcome::Refused {
                 pdb: Some("web".into()),
                 message: "would violate".into(),
+                held: false,
             },
             at(1),
             0.5,
@@ -911,6 +912,45 @@ fn a_refused_eviction_backs_off_and_a_pdb_change_wakes_it() {
 }
 
 #[test]
+fn a_held_eviction_is_no_attempt_and_looks_again_soon() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "web-1")];
+    // Four real refusals: the backoff has grown to 4 s (at jitter 0.5).
+    for second in [1, 2, 4, 8] {
+        let step = run_with(&nm, CORDONED, Some(&pods), at(second), &mut ledger);
+        assert_eq!(evicted(&step), vec!["app/web-1"], "at {second}s");
+        ledger.record(
+            "app/web-1",
+            Some("uid-app-web-1"),
+            refused_by(Some("web")),
+            at(second),
+            0.5,
+        );
+    }
+    let backoff = ledger.evictions["app/web-1"].next_attempt;
+    assert_eq!(backoff, at(8) + retry_delay(4, 0.5));
+    // The gate holds the next one back: no attempt counted, and it looks again in 2 s, not 8.
+    let step = run_with(&nm, CORDONED, Some(&pods), backoff, &mut ledger);
+    assert_eq!(evicted(&step), vec!["app/web-1"]);
+    ledger.record(
+        "app/web-1",
+        Some("uid-app-web-1"),
+        crate::eviction::GateVerdict::hold_outcome("web", 0),
+        backoff,
+        0.5,
+    );
+    let entry = &ledger.evictions["app/web-1"];
+    assert_eq!(entry.attempts, 4, "a hold is no attempt");
+    assert_eq!(entry.next_attempt, backoff + HELD_RECHECK);
+    // It is still shown as blocked by the budget, with the gate's words.
+    assert_eq!(
+        ledger.blocked_by_pdb(),
+        BTreeMap::from([(("app".to_string(), "web".to_string()), 1)])
+    );
+}
+
+#[test]
 fn eviction_backoff_grows_and_is_bounded() {
     let min = retry_delay(1, 0.5);
     assert_eq!(min, EVICTION_MIN_BACKOFF);
@@ -931,6 +971,7 @@ fn after_the_drain_timeout_retries_go_slow() {
         EvictionOutcome::Refused {
             pdb: Some("web".into()),
             message: "no".into(),
+            held: false,
         },
         at(20),
         0.5,
@@ -1075,6 +1116,7 @@ fn refused_by(pdb: Option<&str>) -> EvictionOutcome {
     EvictionOutcome::Refused {
         pdb: pdb.map(str::to_string),
         message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+        held: false,
     }
 }
 
