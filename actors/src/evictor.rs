@@ -6,9 +6,8 @@
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -24,56 +23,67 @@ use maintenance_core::eviction::{
 use crate::metrics::Metrics;
 use crate::task::AbortOnDrop;
 
-/// How long the first eviction waits for the PDB cache to fill; past it, calls go ungated (the
-/// API server still enforces every budget).
-const PDB_CACHE_WAIT: Duration = Duration::from_secs(10);
-
-/// The cluster's PodDisruptionBudgets, watched from the first eviction on (PDBs are few and small;
-/// only a leader that drains reads them), and the tokens of each.
+/// The cluster's PodDisruptionBudgets, watched from the start (they are few and small, and a
+/// replica that becomes leader needs them at once), and the tokens of each.
 struct PdbGate {
     client: kube::Client,
-    cache: tokio::sync::OnceCell<(Store<PodDisruptionBudget>, AbortOnDrop)>,
+    cache: std::sync::OnceLock<(Store<PodDisruptionBudget>, AbortOnDrop)>,
     book: Mutex<TokenBook>,
 }
 
 impl PdbGate {
-    async fn store(&self) -> Option<&Store<PodDisruptionBudget>> {
-        let (store, _) = self
-            .cache
-            .get_or_init(|| async {
-                let (store, writer) = reflector::store();
-                let api: Api<PodDisruptionBudget> = Api::all(self.client.clone());
-                let stream = reflector::reflector(
-                    writer,
-                    watcher(api, watcher::Config::default())
-                        .default_backoff()
-                        .modify(|pdb| {
-                            pdb.metadata.managed_fields = None;
-                            pdb.metadata.annotations = None;
-                        }),
-                )
-                .applied_objects();
-                let task = tokio::spawn(async move {
-                    futures::pin_mut!(stream);
-                    while let Some(event) = stream.next().await {
-                        if let Err(err) = event {
-                            tracing::debug!(%err, "PodDisruptionBudget cache: watch error; retrying");
-                        }
+    fn new(client: kube::Client) -> PdbGate {
+        let gate = PdbGate {
+            client,
+            cache: std::sync::OnceLock::new(),
+            book: Mutex::new(TokenBook::default()),
+        };
+        // Filled from the start when there is a runtime, so that the first drain finds it
+        // ready; otherwise at the first eviction.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            gate.start();
+        }
+        gate
+    }
+
+    fn start(&self) -> &Store<PodDisruptionBudget> {
+        let (store, _) = self.cache.get_or_init(|| {
+            let (store, writer) = reflector::store();
+            let api: Api<PodDisruptionBudget> = Api::all(self.client.clone());
+            let stream = reflector::reflector(
+                writer,
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .modify(|pdb| {
+                        pdb.metadata.managed_fields = None;
+                        pdb.metadata.annotations = None;
+                    }),
+            )
+            .applied_objects();
+            let task = tokio::spawn(async move {
+                futures::pin_mut!(stream);
+                while let Some(event) = stream.next().await {
+                    if let Err(err) = event {
+                        tracing::debug!(%err, "PodDisruptionBudget cache: watch error; retrying");
                     }
-                });
-                (store, AbortOnDrop(task))
-            })
-            .await;
-        tokio::time::timeout(PDB_CACHE_WAIT, store.wait_until_ready())
-            .await
-            .ok()?
-            .ok()?;
+                }
+            });
+            (store, AbortOnDrop(task))
+        });
+        store
+    }
+
+    /// The cache once it holds the cluster's budgets; never waits: until then calls go ungated
+    /// (the API server still enforces every budget).
+    fn store(&self) -> Option<&Store<PodDisruptionBudget>> {
+        let store = self.start();
+        store.wait_until_ready().now_or_never()?.ok()?;
         Some(store)
     }
 
     /// May the eviction of a pod of `namespace` with `labels` be called now?
-    async fn admit(&self, namespace: &str, labels: &BTreeMap<String, String>) -> GateVerdict {
-        let Some(store) = self.store().await else {
+    fn admit(&self, namespace: &str, labels: &BTreeMap<String, String>) -> GateVerdict {
+        let Some(store) = self.store() else {
             return GateVerdict::Call;
         };
         let pdbs = store.state();
@@ -135,11 +145,7 @@ fn limiter_for(rate: EvictionRate) -> Arc<DefaultDirectRateLimiter> {
 impl Evictor {
     pub fn new(client: kube::Client, rate: EvictionRate, metrics: Arc<Metrics>) -> Evictor {
         Evictor {
-            gate: PdbGate {
-                client: client.clone(),
-                cache: tokio::sync::OnceCell::new(),
-                book: Mutex::new(TokenBook::default()),
-            },
+            gate: PdbGate::new(client.clone()),
             client,
             limiter: RwLock::new((rate, limiter_for(rate))),
             metrics,
@@ -183,7 +189,7 @@ impl Evictor {
         if let GateVerdict::Hold {
             pdb,
             disruptions_allowed,
-        } = self.gate.admit(namespace, labels).await
+        } = self.gate.admit(namespace, labels)
         {
             self.metrics.evictions_held_total.inc();
             return GateVerdict::hold_outcome(&pdb, disruptions_allowed);
