@@ -313,7 +313,6 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
 
     let nodes_by_name: HashMap<String, &Arc<Node>> =
         nodes.iter().map(|n| (n.name_any(), n)).collect();
-    prepare_pending_requests(&ctx, &requests, &nodes_by_name, &state.admitted).await;
     let policy = collection_policy(&ctx, config_spec.as_ref());
     collect_garbage(myself, state, &requests, &nodes_by_name, &policy).await;
 
@@ -353,6 +352,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .unwrap_or_default();
     }
     let now = jiff::Timestamp::now();
+    let mut first_reasons: HashMap<(String, String), String> = HashMap::new();
     match scheduler::schedule_observed(&snapshot, &limits, &prefer, &capacity, now) {
         Ok(decision) => {
             ctx.metrics
@@ -434,12 +434,28 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                 }
             }
             explain_waiting(&ctx, &mut state.explanations, &limits, &by_key, &waiting).await;
+            first_reasons = waiting
+                .into_iter()
+                .map(|w| ((w.key.namespace, w.key.name), w.reason))
+                .collect();
         }
         Err(err) => {
             tracing::error!(%err, "cannot schedule: fix the MaintenanceOperatorConfig");
             ctx.error("schedule");
         }
     }
+    // After admission: a request admitted in its first round goes straight to Scheduled in one
+    // metadata and one status write (no Pending write first, whose new resourceVersion would
+    // also make the admission's guarded patch conflict); the others get Pending with their
+    // reason in their first write.
+    prepare_pending_requests(
+        &ctx,
+        &requests,
+        &nodes_by_name,
+        &state.admitted,
+        &first_reasons,
+    )
+    .await;
 
     sync_actors(myself, state, &requests).await;
     ctx.metrics.scheduler_runs_total.inc();
@@ -638,7 +654,8 @@ async fn explain_waiting(
         .await;
 }
 
-/// New requests get a Pending condition at once, so `kubectl get nm` shows them as waiting, and
+/// New requests that the round did not admit get a Pending condition with the round's reason, so
+/// `kubectl get nm` shows them as waiting and why, and
 /// every Pending request gets its Node as owner as soon as the node is known (in the same first
 /// write for a new one), so deleting the node garbage-collects requests that never started.
 /// Requests admitted but still shown Pending by the cache are left to `admit`.
@@ -647,6 +664,7 @@ async fn prepare_pending_requests(
     requests: &[Arc<NodeMaintenance>],
     nodes_by_name: &HashMap<String, &Arc<Node>>,
     admitted: &HashSet<String>,
+    reasons: &HashMap<(String, String), String>,
 ) {
     let mut work: Vec<(Arc<NodeMaintenance>, bool, Option<Vec<OwnerReference>>)> = Vec::new();
     for request in requests {
@@ -678,8 +696,11 @@ async fn prepare_pending_requests(
                         None => (*request).clone(),
                     };
                     if is_new {
-                        ctx.transition(&request, Phase::Pending, "waiting for admission", |_| {})
-                            .await?;
+                        let key = (request.namespace().unwrap_or_default(), request.name_any());
+                        let reason = reasons
+                            .get(&key)
+                            .map_or("waiting for admission", String::as_str);
+                        ctx.transition(&request, Phase::Pending, reason, |_| {}).await?;
                     }
                     Ok::<(), kube::Error>(())
                 }
