@@ -469,6 +469,8 @@ pub fn plan_objects_with(
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests {
     use super::*;
 

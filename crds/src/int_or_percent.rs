@@ -51,9 +51,10 @@ pub fn resolve_int_or_percent(
 
 /// The CEL rule (and its message) that the API server applies to every int-or-percent limit.
 pub(crate) const INT_OR_PERCENT_RULE: &str =
-    "type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')";
-pub(crate) const INT_OR_PERCENT_MESSAGE: &str =
-    "must be a non-negative integer or a percentage between 0% and 100%, like \"10%\"";
+    "type(self) == int ? self >= 0 && self <= 2147483647 : self.matches('^(100|[1-9]?[0-9])%$')";
+/// The upper bound matters: the field is int-or-string, which has no int32 format, and a value the
+/// operator cannot decode (32-bit, as IntOrString) would fail its config watch.
+pub(crate) const INT_OR_PERCENT_MESSAGE: &str = "must be a non-negative integer or a percentage between 0% and 100%, like \"10%\" (an integer at most 2147483647)";
 
 #[cfg(test)]
 mod tests {
