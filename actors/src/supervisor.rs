@@ -51,6 +51,18 @@ pub enum SupervisorMsg {
     Tick,
     /// A maintenance window is due to open (see `wake_at_window_opening`).
     WindowOpening,
+    /// An admission's writes (started by a round, not awaited by it) are answered.
+    Admitted { uid: String, outcome: AdmitOutcome },
+}
+
+/// How an admission's writes ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmitOutcome {
+    Done,
+    /// The request changed or went away meanwhile: the next round decides again.
+    Changed,
+    /// Another error (logged and counted): the next round tries again.
+    Failed,
 }
 
 pub struct Supervisor;
@@ -68,6 +80,9 @@ pub struct SupervisorState {
     /// Requests we admitted whose Scheduled status the cache has not shown yet: counted as in
     /// maintenance so a fast second round never admits past the limits.
     admitted: HashSet<String>,
+    /// Requests whose admission writes are in flight: counted as in maintenance too, so rounds
+    /// run on without waiting for them and never admit past the limits meanwhile.
+    admitting: HashSet<String>,
     /// Failed actors and when they may start again.
     restarts: HashMap<String, (u32, Instant)>,
     change_queued: Arc<AtomicBool>,
@@ -189,6 +204,7 @@ impl Actor for Supervisor {
             actors: HashMap::new(),
             forwarded: HashMap::new(),
             admitted: HashSet::new(),
+            admitting: HashSet::new(),
             restarts: HashMap::new(),
             change_queued: queued,
             log_level: None,
@@ -213,6 +229,15 @@ impl Actor for Supervisor {
             // This round arms the timer again for whatever opening is next (the same one, should
             // the timer have fired a moment early by the wall clock).
             SupervisorMsg::WindowOpening => state.window_wake = None,
+            SupervisorMsg::Admitted { uid, outcome } => {
+                state.admitting.remove(&uid);
+                if outcome == AdmitOutcome::Done {
+                    state.admitted.insert(uid);
+                    state.ctx.metrics.requests_admitted_total.inc();
+                    // The cache's event for the Scheduled status brings the next round.
+                    return Ok(());
+                }
+            }
         }
         round(&myself, state).await;
         Ok(())
@@ -324,7 +349,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         if by_key
             .get(&key)
             .and_then(|r| r.uid())
-            .is_some_and(|uid| state.admitted.contains(&uid))
+            .is_some_and(|uid| state.admitted.contains(&uid) || state.admitting.contains(&uid))
         {
             request.phase = Phase::Scheduled;
         }
@@ -334,7 +359,11 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     if prefer.enabled {
         let unadmitted: Vec<Arc<NodeMaintenance>> = requests
             .iter()
-            .filter(|r| r.uid().is_none_or(|uid| !state.admitted.contains(&uid)))
+            .filter(|r| {
+                r.uid().is_none_or(|uid| {
+                    !state.admitted.contains(&uid) && !state.admitting.contains(&uid)
+                })
+            })
             .cloned()
             .collect();
         prefer.blocked = crate::drainability::observe_blockers(&ctx, &unadmitted, |node| {
@@ -391,37 +420,54 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                         .map(|r| Arc::clone(r))
                 })
                 .collect();
-            // The decision is made; its writes are independent of each other.
-            let results: Vec<(Arc<NodeMaintenance>, Result<NodeMaintenance, kube::Error>)> =
-                futures::stream::iter(to_admit)
-                    .map(|request| {
-                        let ctx = ctx.clone();
-                        let node = nodes_by_name.get(&request.spec.node_name).copied();
-                        async move {
-                            let result = admit(&ctx, &request, node).await;
-                            (request, result)
-                        }
-                    })
-                    .buffer_unordered(PARALLEL_WRITES)
-                    .collect()
-                    .await;
-            for (request, result) in results {
-                match result {
-                    Ok(admitted) => {
-                        if let Some(uid) = admitted.uid() {
-                            state.admitted.insert(uid);
-                        }
-                        ctx.metrics.requests_admitted_total.inc();
-                    }
-                    Err(err) if is_conflict(&err) || is_not_found(&err) => {
-                        // Changed under us: the next round sees the new version.
-                        let _ = myself.cast(SupervisorMsg::Changed);
-                    }
-                    Err(err) => {
-                        tracing::warn!(request = %request.key(), %err, "could not admit request; will retry");
-                        ctx.error("admit");
-                    }
+            // The decision is made; its writes are independent of each other, and the round does
+            // not wait for them: the requests count as in maintenance until they are answered.
+            for request in to_admit {
+                let Some(uid) = request.uid() else { continue };
+                if !state.admitting.insert(uid.clone()) {
+                    continue;
                 }
+                let ctx = ctx.clone();
+                let node = nodes_by_name
+                    .get(&request.spec.node_name)
+                    .map(|n| Arc::clone(n));
+                let supervisor = myself.clone();
+                let writes = tokio::spawn(async move {
+                    // A request seen for the first time is Pending first, with its Event, as
+                    // NVIDIA's operator shows every request (requestors may wait for it); the
+                    // admission then uses the version that write returned.
+                    let admitted = async {
+                        let request = if is_new(&request) {
+                            ctx.transition(
+                                &request,
+                                Phase::Pending,
+                                "waiting for admission",
+                                |_| {},
+                            )
+                            .await?
+                        } else {
+                            (*request).clone()
+                        };
+                        admit(&ctx, &request, node.as_ref()).await
+                    };
+                    match admitted.await {
+                        Ok(_) => AdmitOutcome::Done,
+                        Err(err) if is_conflict(&err) || is_not_found(&err) => {
+                            AdmitOutcome::Changed
+                        }
+                        Err(err) => {
+                            tracing::warn!(request = %request.key(), %err, "could not admit request; will retry");
+                            ctx.error("admit");
+                            AdmitOutcome::Failed
+                        }
+                    }
+                });
+                // Answered whatever happens to the writes (even a panic), or the request would
+                // hold its slot for good.
+                tokio::spawn(async move {
+                    let outcome = writes.await.unwrap_or(AdmitOutcome::Failed);
+                    let _ = supervisor.cast(SupervisorMsg::Admitted { uid, outcome });
+                });
             }
             // A request for a node that does not exist says when it will be collected.
             let mut waiting = decision.waiting;
@@ -444,18 +490,12 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             ctx.error("schedule");
         }
     }
-    // After admission: a request admitted in its first round goes straight to Scheduled in one
-    // metadata and one status write (no Pending write first, whose new resourceVersion would
-    // also make the admission's guarded patch conflict); the others get Pending with their
-    // reason in their first write.
-    prepare_pending_requests(
-        &ctx,
-        &requests,
-        &nodes_by_name,
-        &state.admitted,
-        &first_reasons,
-    )
-    .await;
+    // After admission: a request admitted in its first round is marked Pending by its admission
+    // task, which then admits the version that write returned (a Pending write here would make
+    // the admission's guarded patch conflict and cost a round); the others get Pending with
+    // their reason in their first write.
+    let busy: HashSet<String> = state.admitted.union(&state.admitting).cloned().collect();
+    prepare_pending_requests(&ctx, &requests, &nodes_by_name, &busy, &first_reasons).await;
 
     sync_actors(myself, state, &requests).await;
     ctx.metrics.scheduler_runs_total.inc();
@@ -674,10 +714,7 @@ async fn prepare_pending_requests(
         {
             continue;
         }
-        // No Ready condition, or NVIDIA's uninitialized empty reason: never marked Pending yet.
-        let is_new = request
-            .condition(condition_type::READY)
-            .is_none_or(|c| c.reason.is_empty());
+        let is_new = is_new(request);
         let owners = ownership::owner_references(
             request.owner_references(),
             node_identity(nodes_by_name.get(&request.spec.node_name).copied()),
@@ -716,6 +753,13 @@ async fn prepare_pending_requests(
             }
         })
         .await;
+}
+
+/// No Ready condition, or NVIDIA's uninitialized empty reason: never marked Pending yet.
+fn is_new(request: &NodeMaintenance) -> bool {
+    request
+        .condition(condition_type::READY)
+        .is_none_or(|c| c.reason.is_empty())
 }
 
 /// The node as ownership needs it; `None` while it is not in the cache (or has no UID yet).
