@@ -175,9 +175,7 @@ impl Actor for NodeActor {
             NodeMsg::PdbChanged { namespace, name } => {
                 // Every waiter is woken; the evictor's per-budget gate lets as many calls through
                 // as the budget allows and holds the rest without a call.
-                state
-                    .ledger
-                    .wake_blocked_by(&namespace, &name, now, || true);
+                state.ledger.wake_blocked_by(&namespace, &name, now);
             }
             NodeMsg::Evicted { key, uid, outcome } => {
                 tracing::debug!(pod = %key, outcome = ?outcome, "eviction answered");

@@ -418,16 +418,10 @@ impl Ledger {
         }
     }
 
-    /// A PDB now allows a disruption (or is gone): the pods it blocked may retry at once, as many
-    /// as `claim` grants (shared tokens across actors), in pod order; the others keep their
-    /// backoff.
-    pub fn wake_blocked_by(
-        &mut self,
-        namespace: &str,
-        pdb: &str,
-        now: Timestamp,
-        mut claim: impl FnMut() -> bool,
-    ) {
+    /// A PDB changed (or is gone): the pods it blocked may retry at once. All of them are woken;
+    /// the evictor's per-budget gate ([`crate::eviction::TokenBook`]) lets as many calls through as
+    /// the budget allows and holds the rest back without a call.
+    pub fn wake_blocked_by(&mut self, namespace: &str, pdb: &str, now: Timestamp) {
         let prefix = format!("{namespace}/");
         for (key, entry) in self.evictions.iter_mut() {
             let waits_on_pdb = match &entry.last {
@@ -442,9 +436,6 @@ impl Ledger {
                 && !entry.in_flight
                 && entry.next_attempt > now
             {
-                if !claim() {
-                    break;
-                }
                 entry.next_attempt = now;
             }
         }

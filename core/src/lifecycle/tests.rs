@@ -900,15 +900,10 @@ fn a_refused_eviction_backs_off_and_a_pdb_change_wakes_it() {
         .blocked;
     assert_eq!(blocked.len(), 2);
     assert_eq!(blocked[0].reason, "PDB");
-    // The PDB frees one disruption: exactly one pod retries now.
-    let mut tokens = 1;
-    ledger.wake_blocked_by("app", "web", at(1), || {
-        let ok = tokens > 0;
-        tokens -= 1;
-        ok
-    });
+    // The PDB changes: both pods retry now (the evictor's gate decides how many call).
+    ledger.wake_blocked_by("app", "web", at(1));
     let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
-    assert_eq!(evicted(&step), vec!["app/web-1"]);
+    assert_eq!(evicted(&step), vec!["app/web-1", "app/web-2"]);
 }
 
 #[test]
