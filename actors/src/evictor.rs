@@ -81,10 +81,15 @@ impl PdbGate {
         Some(store)
     }
 
-    /// May the eviction of a pod of `namespace` with `labels` be called now?
-    fn admit(&self, namespace: &str, labels: &BTreeMap<String, String>) -> GateVerdict {
+    /// May the eviction of a pod of `namespace` with `labels` be called now? With the budget
+    /// whose disruption the call claimed, if any (see [`PdbGate::release`]).
+    fn admit(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> (GateVerdict, Option<PdbAllowance>) {
         let Some(store) = self.store() else {
-            return GateVerdict::Call;
+            return (GateVerdict::Call, None);
         };
         let pdbs = store.state();
         let covering: Vec<PdbAllowance> = pdbs
@@ -104,7 +109,7 @@ impl PdbGate {
             })
             .collect();
         let Ok(mut book) = self.book.lock() else {
-            return GateVerdict::Call;
+            return (GateVerdict::Call, None);
         };
         if book.len() > pdbs.len() {
             book.retain(|(ns, name)| {
@@ -114,7 +119,19 @@ impl PdbGate {
                 })
             });
         }
-        book.admit(&covering)
+        let verdict = book.admit(&covering);
+        let claimed = match (&verdict, covering.as_slice()) {
+            (GateVerdict::Call, [pdb]) => Some(pdb.clone()),
+            _ => None,
+        };
+        (verdict, claimed)
+    }
+
+    /// The call made under `claimed` used no disruption: give it back.
+    fn release(&self, claimed: &PdbAllowance) {
+        if let Ok(mut book) = self.book.lock() {
+            book.release(claimed);
+        }
     }
 }
 
@@ -186,10 +203,11 @@ impl Evictor {
         labels: &BTreeMap<String, String>,
         is_retry: bool,
     ) -> EvictionOutcome {
+        let (verdict, claimed) = self.gate.admit(namespace, labels);
         if let GateVerdict::Hold {
             pdb,
             disruptions_allowed,
-        } = self.gate.admit(namespace, labels)
+        } = verdict
         {
             self.metrics.evictions_held_total.inc();
             return GateVerdict::hold_outcome(&pdb, disruptions_allowed);
@@ -212,6 +230,14 @@ impl Evictor {
             ..EvictParams::default()
         };
         let outcome = classify(pods.evict(name, &params).await);
+        if let Some(claimed) = &claimed
+            && matches!(
+                outcome,
+                EvictionOutcome::Gone | EvictionOutcome::Error { .. }
+            )
+        {
+            self.gate.release(claimed);
+        }
         let (result, code) = outcome.metric_labels();
         self.metrics
             .eviction_requests_total

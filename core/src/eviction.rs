@@ -133,6 +133,18 @@ impl TokenBook {
         }
     }
 
+    /// Gives back the disruption an admitted call claimed from `pdb` when the call used none (the
+    /// pod was gone, or the call failed before the API server decided): otherwise the budget's
+    /// other pods would wait for a change of the budget that never comes. A refusal (429) gives
+    /// nothing back: the budget has no room, and its next change resets the tokens anyway.
+    pub fn release(&mut self, pdb: &PdbAllowance) {
+        if let Some(entry) = self.tokens.get_mut(&pdb.key)
+            && entry.0 == pdb.resource_version
+        {
+            entry.1 = (entry.1 + 1).min(pdb.disruptions_allowed.max(0));
+        }
+    }
+
     /// Forgets budgets that no longer exist (`exists` false), so the book stays as small as the
     /// set of budgets.
     pub fn retain(&mut self, exists: impl Fn(&PdbKey) -> bool) {
@@ -184,6 +196,23 @@ mod tests {
         // A budget that allows none (or has no status yet) admits nothing.
         assert_eq!(calls(&mut book, &[pdb("db", "7", 0)], 3), 0);
         assert_eq!(calls(&mut book, &[pdb("odd", "1", -1)], 3), 0);
+    }
+
+    #[test]
+    fn a_call_that_used_no_disruption_gives_it_back() {
+        let mut book = TokenBook::default();
+        let web = pdb("web", "1", 1);
+        assert_eq!(calls(&mut book, std::slice::from_ref(&web), 1), 1);
+        assert_ne!(book.admit(std::slice::from_ref(&web)), GateVerdict::Call);
+        // The pod was gone: the disruption is still there for the next pod.
+        book.release(&web);
+        assert_eq!(calls(&mut book, std::slice::from_ref(&web), 2), 1);
+        // Never more than the budget allows, and nothing for a version already replaced.
+        book.release(&web);
+        book.release(&web);
+        assert_eq!(calls(&mut book, std::slice::from_ref(&web), 3), 1);
+        book.release(&pdb("web", "0", 1));
+        assert_eq!(calls(&mut book, std::slice::from_ref(&web), 1), 0);
     }
 
     #[test]
