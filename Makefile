@@ -3,7 +3,7 @@ SHELL := /bin/bash
 TESTBED := tests/testbed/testbed
 BIN_DIR := $(shell $(TESTBED) bin-dir 2>/dev/null)
 
-.PHONY: demo test testbed unit lint image lint-release
+.PHONY: demo test testbed unit lint image lint-release bench
 
 ## The demo: a local control plane with simulated nodes, the operator, a rolling maintenance.
 demo: testbed
@@ -15,6 +15,13 @@ test: testbed
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	PATH="$(BIN_DIR):$$PATH" cargo test --workspace
+
+## Performance workloads on real control planes, with a dated report (tables, SVG charts) in
+## bench/<UTC date>-<size>/: MO_BENCH_SIZE=smoke|small|large (default small); other knobs in the
+## header of tests/bench_report.rs.
+bench: testbed
+	PATH="$(BIN_DIR):$$PATH" MO_BENCH_REPORT_DIR=bench MO_BENCH_SIZE=$${MO_BENCH_SIZE:-small} \
+		cargo test --release --test bench_report
 
 ## Builds (once per machine) the control plane binaries: etcd, kube-*, kubectl, kwok.
 testbed:

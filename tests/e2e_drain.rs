@@ -1513,29 +1513,7 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
         )
         .await?;
         let selector = [("app", app.as_str())];
-        match i % 3 {
-            0 => create_pdb_max_unavailable(&client, &ns, app, &selector, IntOrString::Int(1))
-                .await
-                .map(drop)?,
-            1 => create_pdb_max_unavailable(
-                &client,
-                &ns,
-                app,
-                &selector,
-                IntOrString::String("10%".into()),
-            )
-            .await
-            .map(drop)?,
-            _ => create_pdb_min_available(
-                &client,
-                &ns,
-                app,
-                &selector,
-                IntOrString::Int((replicas - 1).max(1)),
-            )
-            .await
-            .map(drop)?,
-        }
+        create_pdb_of_kind(&client, &ns, app, &selector, i, replicas).await?;
     }
     let total = drained_count * pods_per_node;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);

@@ -1,7 +1,8 @@
 //! The testbed's API-server audit log (`DIR/logs/audit.log`, policy in
 //! `tests/testbed/audit-policy.yaml`): eviction calls, pod deletions, PodDisruptionBudget
-//! status writes, and every write of an operator running as a ServiceAccount of the operator's
-//! namespace, as the API server saw them, with its own timestamps. Tests count and time calls
+//! status writes, every write of an operator running as a ServiceAccount of the operator's
+//! namespace, and every read of the benchmark's operator (ServiceAccount `bench-operator`, see
+//! [`BENCH_OPERATOR_ACCOUNT`]), as the API server saw them, with its own timestamps. Tests count and time calls
 //! here rather than trusting the operator's word (its logs or metrics).
 //!
 //! The API server writes an event before it answers (blocking mode), so once a client has its
@@ -108,6 +109,29 @@ impl WriteCall {
     }
 }
 
+/// One `get`, `list` or `watch`. The policy logs the reads of [`BENCH_OPERATOR_ACCOUNT`] only.
+#[derive(Clone, Debug)]
+pub struct ReadCall {
+    /// When the API server received the call.
+    pub received: Timestamp,
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    /// The answer's status; a watch is recorded when its response starts (it may stay open).
+    pub code: u16,
+    pub user: String,
+}
+
+/// The ServiceAccount (of [`super::operator::OPERATOR_NAMESPACE`]) whose reads the testbed's audit
+/// policy logs as well as its writes: run an operator as it (`Operator::start_as`) to count every
+/// API call it makes.
+pub const BENCH_OPERATOR_ACCOUNT: &str = "bench-operator";
+
+/// Verbs that read.
+const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
+
 /// Verbs that change the cluster.
 const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
 
@@ -120,6 +144,8 @@ pub struct AuditLog {
     /// Every write the policy logs: the calls of the lists above, and each write of an operator
     /// that runs as a ServiceAccount of its namespace (see [`super::operator::OPERATOR_NAMESPACE`]).
     pub writes: Vec<WriteCall>,
+    /// Every read the policy logs: those of [`BENCH_OPERATOR_ACCOUNT`].
+    pub reads: Vec<ReadCall>,
 }
 
 #[derive(Deserialize)]
@@ -235,11 +261,18 @@ impl AuditLog {
         log.pod_deletions.sort_by_key(|e| e.received);
         log.pdb_status_writes.sort_by_key(|e| e.received);
         log.writes.sort_by_key(|e| e.received);
+        log.reads.sort_by_key(|e| e.received);
         Ok(log)
     }
 
     fn add(&mut self, event: RawEvent) -> Result<()> {
-        if event.stage != "ResponseComplete" {
+        // A watch is counted when its response starts: it may stay open until the end.
+        let counted_stage = if event.verb == "watch" {
+            "ResponseStarted"
+        } else {
+            "ResponseComplete"
+        };
+        if event.stage != counted_stage {
             return Ok(());
         }
         let Some(object) = event.object_ref else {
@@ -248,6 +281,18 @@ impl AuditLog {
         let received = parse_time(&event.request_received_timestamp)?;
         let completed = parse_time(&event.stage_timestamp)?;
         let code = event.response_status.map_or(0, |s| s.code);
+        if READ_VERBS.contains(&event.verb.as_str()) {
+            self.reads.push(ReadCall {
+                received,
+                verb: event.verb.clone(),
+                resource: object.resource.clone(),
+                subresource: object.subresource.clone(),
+                namespace: object.namespace.clone(),
+                name: object.name.clone(),
+                code,
+                user: event.user.username.clone(),
+            });
+        }
         if WRITE_VERBS.contains(&event.verb.as_str()) {
             self.writes.push(WriteCall {
                 received,
@@ -333,6 +378,12 @@ impl AuditLog {
                 .collect(),
             writes: self
                 .writes
+                .iter()
+                .filter(|e| e.namespace == ns)
+                .cloned()
+                .collect(),
+            reads: self
+                .reads
                 .iter()
                 .filter(|e| e.namespace == ns)
                 .cloned()

@@ -774,6 +774,42 @@ async fn create_pdb(
         .with_context(|| format!("creating PodDisruptionBudget {ns}/{name}"))
 }
 
+/// The PodDisruptionBudget kinds of the scale tests, in turn by `index`: maxUnavailable 1,
+/// maxUnavailable 10%, minAvailable `replicas - 1`.
+pub async fn create_pdb_of_kind(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    selector: &[(&str, &str)],
+    index: usize,
+    replicas: i32,
+) -> Result<()> {
+    match index % 3 {
+        0 => create_pdb_max_unavailable(client, ns, name, selector, IntOrString::Int(1)).await?,
+        1 => {
+            create_pdb_max_unavailable(
+                client,
+                ns,
+                name,
+                selector,
+                IntOrString::String("10%".into()),
+            )
+            .await?
+        }
+        _ => {
+            create_pdb_min_available(
+                client,
+                ns,
+                name,
+                selector,
+                IntOrString::Int((replicas - 1).max(1)),
+            )
+            .await?
+        }
+    };
+    Ok(())
+}
+
 pub async fn create_pdb_min_available(
     client: &Client,
     ns: &str,

@@ -1,0 +1,1736 @@
+//! `make bench`: performance workloads on real control planes (`tests/testbed/testbed`, KWOK
+//! nodes), with progress lines while they run and a dated report: `report.md` (tables, the goals
+//! of issue 13 marked met or missed), `report.json` and SVG charts.
+//!
+//! - no drain: N requests on M nodes (maxParallelOperations P), each released once Ready;
+//!   requests/s and the operator's API calls per request by verb (from the audit log);
+//! - drain: X nodes full of Deployment, StatefulSet and DaemonSet pods under PodDisruptionBudgets,
+//!   maintained K at a time (maxParallelOperations = maxUnavailable = K), then the same nodes
+//!   drained by `kubectl drain` K at a time on a fresh identical cluster: wall time, eviction calls
+//!   per evicted pod and (ours) API requests per evicted pod, from the audit log;
+//! - the operator's peak RSS (VmHWM) at two cluster sizes.
+//!
+//! Each workload runs on a fresh control plane, the operator as ServiceAccount `bench-operator`,
+//! whose reads and writes the testbed's audit policy logs. Nothing is timed by a fixed sleep:
+//! every wait has a deadline.
+//!
+//! A plain `cargo test` runs it at size `smoke` and only checks that the work got done. Sizes:
+//! `MO_BENCH_SIZE=smoke|small|large`; overrides `MO_BENCH_NODES`, `MO_BENCH_REQUESTS`,
+//! `MO_BENCH_PARALLEL` (no drain), `MO_BENCH_DRAIN_NODES`, `MO_BENCH_PODS_PER_NODE`,
+//! `MO_BENCH_DRAIN_PARALLEL` (a list, e.g. `2,5`), `MO_BENCH_RSS_NODES` (two sizes, e.g.
+//! `100,300`), `MO_BENCH_ONLY` (some of `no-drain,drain,kubectl,rss`). The report goes to
+//! `$MO_BENCH_REPORT_DIR/<UTC date>-<size>/` (`make bench` sets `bench`), else to
+//! `target/bench/<UTC date>-<size>/`.
+//!
+//! `MO_BENCH_SIZE=small make bench`, or `cargo test --release --test bench_report`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Container, Node, Pod, PodSpec, PodTemplateSpec, TopologySpreadConstraint,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use maintenance_crds::Phase;
+use serde::Serialize;
+use support::audit::{AuditLog, BENCH_OPERATOR_ACCOUNT};
+use support::operator::*;
+use support::*;
+
+/// Label that pins the benchmark's workload pods to a pool of nodes.
+const POOL: &str = "bench.maintenance.nvidia.com/pool";
+
+// ---------------------------------------------------------------------------------------------
+// Sizes
+
+#[derive(Clone, Debug, Serialize)]
+struct Size {
+    name: String,
+    /// No drain: nodes, requests, maxParallelOperations.
+    nodes: usize,
+    requests: usize,
+    parallel: usize,
+    /// Drain: nodes drained, workload pods per drained node, the K values (nodes at once).
+    drain_nodes: usize,
+    pods_per_node: usize,
+    drain_parallel: Vec<usize>,
+    /// Peak RSS: two cluster sizes (nodes) with this many pods per node.
+    rss_nodes: Vec<usize>,
+    rss_pods_per_node: usize,
+    /// The workloads to run (`MO_BENCH_ONLY`, e.g. `drain`): no-drain, drain, kubectl, rss.
+    only: Vec<String>,
+}
+
+fn env_usize(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => {
+            Ok(Some(v.trim().parse().with_context(|| {
+                format!("{name}={v:?} is not a number")
+            })?))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn env_list(name: &str) -> Result<Option<Vec<usize>>> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => Ok(Some(
+            v.split(',')
+                .map(|s| s.trim().parse::<usize>())
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("{name}={v:?} is not a list of numbers like 2,5"))?,
+        )),
+        _ => Ok(None),
+    }
+}
+
+impl Size {
+    fn from_env() -> Result<Size> {
+        let name = std::env::var("MO_BENCH_SIZE")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or_else(|| "smoke".into());
+        let mut size = match name.as_str() {
+            "smoke" => Size {
+                name,
+                nodes: 20,
+                requests: 20,
+                parallel: 10,
+                drain_nodes: 4,
+                pods_per_node: 3,
+                drain_parallel: vec![2],
+                rss_nodes: vec![10, 30],
+                rss_pods_per_node: 2,
+                only: vec![],
+            },
+            "small" => Size {
+                name,
+                nodes: 200,
+                requests: 200,
+                parallel: 50,
+                drain_nodes: 12,
+                pods_per_node: 10,
+                drain_parallel: vec![2, 4],
+                rss_nodes: vec![100, 300],
+                rss_pods_per_node: 5,
+                only: vec![],
+            },
+            "large" => Size {
+                name,
+                nodes: 1000,
+                requests: 1000,
+                parallel: 100,
+                drain_nodes: 40,
+                pods_per_node: 20,
+                drain_parallel: vec![2, 5, 10, 20],
+                rss_nodes: vec![250, 1000],
+                rss_pods_per_node: 10,
+                only: vec![],
+            },
+            other => bail!("MO_BENCH_SIZE={other:?}: want smoke, small or large"),
+        };
+        if let Some(v) = env_usize("MO_BENCH_NODES")? {
+            size.nodes = v;
+        }
+        size.requests = env_usize("MO_BENCH_REQUESTS")?
+            .unwrap_or(size.requests)
+            .min(size.nodes);
+        if let Some(v) = env_usize("MO_BENCH_PARALLEL")? {
+            size.parallel = v;
+        }
+        if let Some(v) = env_usize("MO_BENCH_DRAIN_NODES")? {
+            size.drain_nodes = v;
+        }
+        if let Some(v) = env_usize("MO_BENCH_PODS_PER_NODE")? {
+            size.pods_per_node = v;
+        }
+        if let Some(v) = env_list("MO_BENCH_DRAIN_PARALLEL")? {
+            size.drain_parallel = v;
+        }
+        if let Some(v) = env_list("MO_BENCH_RSS_NODES")? {
+            ensure!(
+                v.len() == 2,
+                "MO_BENCH_RSS_NODES wants two sizes, e.g. 100,300"
+            );
+            size.rss_nodes = v;
+        }
+        if let Ok(only) = std::env::var("MO_BENCH_ONLY") {
+            size.only = only
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            const KNOWN: [&str; 4] = ["no-drain", "drain", "kubectl", "rss"];
+            ensure!(
+                size.only.iter().all(|w| KNOWN.contains(&w.as_str())),
+                "MO_BENCH_ONLY={only:?}: want a list of {KNOWN:?}"
+            );
+        }
+        ensure!(
+            size.nodes > 0 && size.requests > 0 && size.parallel > 0,
+            "no-drain sizes must be positive"
+        );
+        ensure!(
+            size.drain_nodes > 0 && size.pods_per_node > 0,
+            "drain sizes must be positive"
+        );
+        ensure!(
+            size.drain_parallel.iter().all(|&k| k > 0),
+            "MO_BENCH_DRAIN_PARALLEL values must be positive"
+        );
+        Ok(size)
+    }
+
+    /// Whether workload `name` runs (all of them unless `MO_BENCH_ONLY` says otherwise).
+    fn runs(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|w| w == name)
+    }
+
+    /// A deadline for waits that scales with the work.
+    fn wait(&self, work: usize) -> Duration {
+        Duration::from_secs(180 + work as u64 / 2)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress: a spinner while a phase runs (on a terminal), and a line per phase with times.
+
+struct Progress {
+    started: Instant,
+}
+
+struct Step {
+    bar: ProgressBar,
+    name: String,
+    started: Instant,
+    run_started: Instant,
+}
+
+impl Progress {
+    fn begin(&self, name: &str) -> Step {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed:>4}] {prefix}: {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar.set_prefix(name.to_string());
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Step {
+            bar,
+            name: name.to_string(),
+            started: Instant::now(),
+            run_started: self.started,
+        }
+    }
+}
+
+impl Step {
+    fn set(&self, msg: impl Into<String>) {
+        self.bar.set_message(msg.into());
+    }
+
+    fn end(self, summary: &str) -> f64 {
+        self.bar.finish_and_clear();
+        let secs = self.started.elapsed().as_secs_f64();
+        println!(
+            "[{:>7.1}s] {}: {summary} ({secs:.1}s)",
+            self.run_started.elapsed().as_secs_f64(),
+            self.name
+        );
+        secs
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct NoDrain {
+    nodes: usize,
+    requests: usize,
+    parallel: usize,
+    seconds: f64,
+    requests_per_second: f64,
+    /// The operator's API calls in the window, by verb and by `verb resource[/subresource]`.
+    calls_by_verb: BTreeMap<String, usize>,
+    calls_by_resource: BTreeMap<String, usize>,
+    calls_per_request: f64,
+    scheduler_rounds: f64,
+    rss_peak_mib: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct DrainRun {
+    /// `operator` or `kubectl`.
+    who: String,
+    nodes: usize,
+    pods: usize,
+    parallel: usize,
+    /// Until every node was drained and given back (requests released, or uncordoned).
+    seconds: f64,
+    /// Until the last request was Ready (operator) or the last drain returned (kubectl).
+    seconds_to_last_drained: f64,
+    eviction_calls: usize,
+    evicted_pods: usize,
+    eviction_codes: BTreeMap<u16, usize>,
+    eviction_calls_per_pod: f64,
+    /// Operator only: all its API calls in the window, and per evicted pod.
+    api_calls: Option<usize>,
+    api_calls_per_pod: Option<f64>,
+    calls_by_verb: BTreeMap<String, usize>,
+    calls_by_resource: BTreeMap<String, usize>,
+    rss_peak_mib: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct RssPoint {
+    nodes: usize,
+    pods: usize,
+    requests: usize,
+    rss_peak_mib: f64,
+    rss_now_mib: f64,
+    seconds: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+struct Report {
+    size: Option<Size>,
+    started: String,
+    machine: BTreeMap<String, String>,
+    commit: String,
+    no_drain: Option<NoDrain>,
+    drains: Vec<DrainRun>,
+    rss: Vec<RssPoint>,
+    goals: Vec<Goal>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Goal {
+    what: String,
+    target: String,
+    measured: Option<f64>,
+    met: Option<bool>,
+    verdict: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn mib_from_status(status: &str, key: &str) -> Option<f64> {
+    status.lines().find_map(|l| {
+        let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+        let kb: f64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kb / 1024.0)
+    })
+}
+
+/// (VmHWM, VmRSS) of a process in MiB.
+fn rss_of(pid: u32) -> Result<(f64, f64)> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let hwm = mib_from_status(&status, "VmHWM").context("no VmHWM in /proc/PID/status")?;
+    let rss = mib_from_status(&status, "VmRSS").context("no VmRSS in /proc/PID/status")?;
+    Ok((hwm, rss))
+}
+
+fn operator_rss(op: &Operator) -> Result<(f64, f64)> {
+    rss_of(op.pid().context("the operator is not running")?)
+}
+
+/// The operator's calls (reads and writes) received in `[from, to]`: total, by verb, and by
+/// `verb resource[/subresource]`.
+fn operator_calls(
+    log: &AuditLog,
+    from: Timestamp,
+    to: Timestamp,
+) -> (usize, BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    let user = service_account_user(BENCH_OPERATOR_ACCOUNT);
+    let mut by_verb = BTreeMap::new();
+    let mut by_resource = BTreeMap::new();
+    let mut total = 0;
+    let calls = log
+        .reads
+        .iter()
+        .map(|r| (&r.user, r.received, &r.verb, &r.resource, &r.subresource))
+        .chain(
+            log.writes
+                .iter()
+                .map(|w| (&w.user, w.received, &w.verb, &w.resource, &w.subresource)),
+        );
+    for (who, received, verb, resource, sub) in calls {
+        if *who != user || received < from || received > to {
+            continue;
+        }
+        total += 1;
+        *by_verb.entry(verb.clone()).or_default() += 1;
+        let resource = if sub.is_empty() {
+            resource.clone()
+        } else {
+            format!("{resource}/{sub}")
+        };
+        *by_resource.entry(format!("{verb} {resource}")).or_default() += 1;
+    }
+    (total, by_verb, by_resource)
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 {
+        f64::NAN
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+async fn set_node_label(client: &Client, node: &str, key: &str, value: Option<&str>) -> Result<()> {
+    let patch = serde_json::json!({ "metadata": { "labels": { key: value } } });
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("labelling node {node}"))?;
+    Ok(())
+}
+
+async fn count_ready_pods(client: &Client, ns: &str) -> Result<(usize, usize)> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let ready = pods.iter().filter(|p| pod_is_ready(p)).count();
+    Ok((ready, pods.len()))
+}
+
+async fn wait_pods(
+    client: &Client,
+    ns: &str,
+    want: usize,
+    timeout: Duration,
+    step: &Step,
+) -> Result<()> {
+    wait_until(&format!("{want} Ready pods in {ns}"), timeout, || async {
+        let (ready, all) = count_ready_pods(client, ns).await?;
+        step.set(format!("{ready}/{want} pods Ready ({all} exist)"));
+        Ok(if ready == want && all == want {
+            Check::Done(())
+        } else {
+            Check::Pending(format!("{ready} Ready of {all}, want {want}"))
+        })
+    })
+    .await
+}
+
+/// Creates `count` requests (drain or not) on `nodes`, then plays the requestor: deletes each
+/// request once Ready, until none is left. Returns (seconds to the last Ready, seconds to none
+/// left), both from the first create.
+async fn run_requests(
+    client: &Client,
+    ns: &str,
+    nodes: &[String],
+    drain: bool,
+    timeout: Duration,
+    step: &Step,
+) -> Result<(f64, f64)> {
+    let started = Instant::now();
+    futures::stream::iter(nodes.iter().enumerate())
+        .map(|(i, node)| {
+            let client = client.clone();
+            let ns = ns.to_string();
+            async move {
+                let mut spec = request_spec(node, "bench.example.com");
+                if drain {
+                    spec.drain_spec = drain_spec(false, 0);
+                }
+                create_request(&client, &ns, &format!("r{i}"), spec).await
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    step.set(format!("{} requests created", nodes.len()));
+    let total = nodes.len();
+    let mut released = 0usize;
+    let mut last_ready = 0.0;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let all = list_requests(client, ns).await?;
+        for r in &all {
+            if r.phase() == Phase::Ready && !r.is_deleting() {
+                delete_request(client, ns, &r.name_any()).await?;
+                released += 1;
+                last_ready = started.elapsed().as_secs_f64();
+            }
+        }
+        let in_progress = all
+            .iter()
+            .filter(|r| !r.is_deleting() && r.phase() != Phase::Pending)
+            .count();
+        step.set(format!(
+            "{released}/{total} released, {in_progress} in progress, {} left",
+            all.len()
+        ));
+        if all.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "timed out after {timeout:?}: {} requests left, {released} of {total} released",
+                all.len()
+            );
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    Ok((last_ready, started.elapsed().as_secs_f64()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workload a: no drain
+
+async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
+    let step = progress.begin("no-drain: control plane");
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(&client, Some(limits(i32::try_from(size.parallel)?, None))).await?;
+    step.end("started");
+
+    let step = progress.begin("no-drain: nodes");
+    let nodes = create_nodes(&client, &unique_name("nd"), size.nodes + 1, &[]).await?;
+    wait_nodes_ready(&client, &nodes, size.wait(size.nodes)).await?;
+    let ns = unique_name("nd");
+    create_namespace(&client, &ns).await?;
+    let op = Operator::start_as(&testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
+    // Warm-up, not measured: the first write of a custom resource sets up its storage.
+    let warm = progress.begin("no-drain: warm-up request");
+    run_requests(
+        &client,
+        &ns,
+        &nodes[size.nodes..],
+        false,
+        size.wait(0),
+        &warm,
+    )
+    .await?;
+    warm.end("done");
+    step.end(&format!("{} nodes Ready, operator started", size.nodes));
+
+    let step = progress.begin(&format!(
+        "no-drain: {} requests, maxParallelOperations {}",
+        size.requests, size.parallel
+    ));
+    let from = Timestamp::now();
+    let (_, seconds) = run_requests(
+        &client,
+        &ns,
+        &nodes[..size.requests],
+        false,
+        size.wait(size.requests * 4),
+        &step,
+    )
+    .await?;
+    let to = Timestamp::now();
+    let requests_per_second = size.requests as f64 / seconds;
+    step.end(&format!(
+        "all Ready and released in {seconds:.1}s, {requests_per_second:.1} requests/s"
+    ));
+
+    let (rss_peak_mib, _) = operator_rss(&op)?;
+    let scheduler_rounds = op
+        .metric("maintenance_operator_scheduler_runs_total")
+        .await
+        .unwrap_or(f64::NAN);
+    let log = AuditLog::read(&testbed)?;
+    let (calls, calls_by_verb, calls_by_resource) = operator_calls(&log, from, to);
+    println!(
+        "    operator API calls: {calls} ({:.2} per request), by verb {calls_by_verb:?}",
+        ratio(calls, size.requests)
+    );
+    Ok(NoDrain {
+        nodes: size.nodes,
+        requests: size.requests,
+        parallel: size.parallel,
+        seconds,
+        requests_per_second,
+        calls_per_request: ratio(calls, size.requests),
+        calls_by_verb,
+        calls_by_resource,
+        scheduler_rounds,
+        rss_peak_mib,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workload b: drain, ours and kubectl's
+
+fn one_per_node(app: &str) -> TopologySpreadConstraint {
+    TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "kubernetes.io/hostname".into(),
+        when_unsatisfiable: "DoNotSchedule".into(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Pods labelled `app`, on nodes of the pool `pool` only, one per node.
+fn pool_template(app: &str, pool: &str) -> PodTemplateSpec {
+    let labels = BTreeMap::from([("app".to_string(), app.to_string())]);
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            node_selector: Some(BTreeMap::from([(POOL.to_string(), pool.to_string())])),
+            topology_spread_constraints: Some(vec![one_per_node(app)]),
+            termination_grace_period_seconds: Some(DEFAULT_GRACE_SECONDS),
+            containers: vec![Container {
+                name: "main".into(),
+                image: Some(PAUSE_IMAGE.into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+    }
+}
+
+fn app_selector(app: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+        ..Default::default()
+    }
+}
+
+/// A cluster ready to be drained: `drained` nodes holding `pods_per_node` workload pods each (one
+/// per Deployment or StatefulSet, each under a PodDisruptionBudget) and a DaemonSet pod, and as
+/// many spare nodes, where the replacements go (so that no pod is evicted twice).
+struct DrainCluster {
+    testbed: Testbed,
+    client: Client,
+    ns: String,
+    drained: Vec<String>,
+    pods: usize,
+}
+
+async fn drain_cluster(
+    size: &Size,
+    k: usize,
+    who: &str,
+    progress: &Progress,
+) -> Result<DrainCluster> {
+    let x = size.drain_nodes;
+    let step = progress.begin(&format!("drain {who} K={k}: control plane"));
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    let k32 = i32::try_from(k)?;
+    install(&client, Some(limits(k32, k32))).await?;
+    step.end("started");
+
+    let step = progress.begin(&format!("drain {who} K={k}: workload"));
+    let ns = unique_name("drain");
+    create_namespace(&client, &ns).await?;
+    let drained = create_nodes(&client, "drain", x, &[(POOL, ns.as_str())]).await?;
+    let spares = create_nodes(&client, "spare", x, &[]).await?;
+    step.set("nodes");
+    wait_nodes_ready(&client, &drained, size.wait(x)).await?;
+    wait_nodes_ready(&client, &spares, size.wait(x)).await?;
+    let replicas = i32::try_from(x)?;
+    // Workload i: one pod per drained node. The last one is a StatefulSet when there are two or
+    // more; budgets: maxUnavailable 1, 10% (rounded up), minAvailable replicas - 1, in turn.
+    let apps: Vec<String> = (0..size.pods_per_node)
+        .map(|i| format!("w{i:03}"))
+        .collect();
+    for (i, app) in apps.iter().enumerate() {
+        let meta = ObjectMeta {
+            name: Some(app.clone()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        };
+        if i + 1 == apps.len() && apps.len() >= 2 {
+            let sts = StatefulSet {
+                metadata: meta,
+                spec: StatefulSetSpec {
+                    replicas: Some(replicas),
+                    selector: app_selector(app),
+                    service_name: Some(app.clone()),
+                    pod_management_policy: Some("Parallel".into()),
+                    template: pool_template(app, &ns),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Api::<StatefulSet>::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &sts)
+                .await
+                .with_context(|| format!("creating StatefulSet {app}"))?;
+        } else {
+            let deployment = Deployment {
+                metadata: meta,
+                spec: DeploymentSpec {
+                    replicas: Some(replicas),
+                    selector: app_selector(app),
+                    template: pool_template(app, &ns),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Api::<Deployment>::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &deployment)
+                .await
+                .with_context(|| format!("creating Deployment {app}"))?;
+        }
+        let selector = [("app", app.as_str())];
+        create_pdb_of_kind(&client, &ns, app, &selector, i, replicas).await?;
+    }
+    // A DaemonSet on every node: skipped by both drains.
+    create_daemonset(
+        &client,
+        &ns,
+        "node-agent",
+        &[("app", "node-agent")],
+        &PodSpecOptions::on_nodes_labelled("type", "kwok"),
+    )
+    .await?;
+    let workload_pods = x * size.pods_per_node;
+    let pods = workload_pods + 2 * x;
+    wait_pods(&client, &ns, pods, size.wait(pods), &step).await?;
+    // Replacements go to the spare nodes only.
+    for node in &drained {
+        set_node_label(&client, node, POOL, None).await?;
+    }
+    for node in &spares {
+        set_node_label(&client, node, POOL, Some(&ns)).await?;
+    }
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    wait_until(
+        "every PDB to count all its pods healthy",
+        size.wait(pods),
+        || async {
+            let list = pdbs.list(&ListParams::default()).await?.items;
+            let unsettled = list
+                .iter()
+                .filter(|p| {
+                    p.status.as_ref().is_none_or(|s| {
+                        s.observed_generation < p.metadata.generation
+                            || s.current_healthy != Some(replicas)
+                            || s.expected_pods != Some(replicas)
+                    })
+                })
+                .count();
+            step.set(format!("{unsettled} of {} PDBs not settled", list.len()));
+            Ok(if list.len() == apps.len() && unsettled == 0 {
+                Check::Done(())
+            } else {
+                Check::Pending(format!("{} PDBs, {unsettled} unsettled", list.len()))
+            })
+        },
+    )
+    .await?;
+    step.end(&format!(
+        "{x} nodes x {} pods ({} PDBs) + a DaemonSet, {x} spare nodes",
+        size.pods_per_node,
+        apps.len()
+    ));
+    Ok(DrainCluster {
+        testbed,
+        client,
+        ns,
+        drained,
+        pods: workload_pods,
+    })
+}
+
+fn evictions_summary(
+    log: &AuditLog,
+    ns: &str,
+    user: &str,
+    from: Timestamp,
+) -> (usize, usize, BTreeMap<u16, usize>) {
+    let mut codes = BTreeMap::new();
+    let mut calls = 0;
+    for e in log
+        .evictions
+        .iter()
+        .filter(|e| e.namespace == ns && e.user == user && e.received >= from)
+    {
+        calls += 1;
+        *codes.entry(e.code).or_default() += 1;
+    }
+    let evicted = codes.get(&201).copied().unwrap_or(0);
+    (calls, evicted, codes)
+}
+
+async fn drain_ours(size: &Size, k: usize, progress: &Progress) -> Result<DrainRun> {
+    let cluster = drain_cluster(size, k, "operator", progress).await?;
+    let x = cluster.drained.len();
+    let op = Operator::start_as(&cluster.testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
+    let step = progress.begin(&format!(
+        "drain operator K={k}: {x} nodes, maxParallelOperations=maxUnavailable={k}"
+    ));
+    let from = Timestamp::now();
+    let (last_ready, seconds) = run_requests(
+        &cluster.client,
+        &cluster.ns,
+        &cluster.drained,
+        true,
+        size.wait(cluster.pods * 4),
+        &step,
+    )
+    .await?;
+    let to = Timestamp::now();
+    let (rss_peak, _) = operator_rss(&op)?;
+    let log = AuditLog::read(&cluster.testbed)?;
+    let user = service_account_user(BENCH_OPERATOR_ACCOUNT);
+    let (eviction_calls, evicted_pods, eviction_codes) =
+        evictions_summary(&log, &cluster.ns, &user, from);
+    let (calls, calls_by_verb, calls_by_resource) = operator_calls(&log, from, to);
+    let run = DrainRun {
+        who: "operator".into(),
+        nodes: x,
+        pods: cluster.pods,
+        parallel: k,
+        seconds,
+        seconds_to_last_drained: last_ready,
+        eviction_calls,
+        evicted_pods,
+        eviction_codes,
+        eviction_calls_per_pod: ratio(eviction_calls, evicted_pods),
+        api_calls: Some(calls),
+        api_calls_per_pod: Some(ratio(calls, evicted_pods)),
+        calls_by_verb,
+        calls_by_resource,
+        rss_peak_mib: Some(rss_peak),
+    };
+    step.end(&format!(
+        "{seconds:.1}s (last Ready at {last_ready:.1}s); {evicted_pods} pods evicted with \
+         {eviction_calls} eviction calls ({:.2}/pod), {calls} API calls ({:.2}/pod)",
+        run.eviction_calls_per_pod,
+        ratio(calls, evicted_pods)
+    ));
+    ensure!(
+        evicted_pods == cluster.pods,
+        "the operator evicted {evicted_pods} pods, want {}",
+        cluster.pods
+    );
+    Ok(run)
+}
+
+async fn kubectl_path() -> Result<PathBuf> {
+    let out = tokio::process::Command::new(testbed_script())
+        .arg("bin-dir")
+        .output()
+        .await
+        .context("running testbed bin-dir")?;
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let path = Path::new(&dir).join("kubectl");
+    if out.status.success() && path.exists() {
+        return Ok(path);
+    }
+    Ok(PathBuf::from("kubectl"))
+}
+
+async fn kubectl(kubectl: &Path, kubeconfig: &Path, args: &[&str]) -> Result<()> {
+    let out = tokio::process::Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("running {}", kubectl.display()))?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {} failed ({}): {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+async fn drain_kubectl(size: &Size, k: usize, progress: &Progress) -> Result<DrainRun> {
+    let cluster = drain_cluster(size, k, "kubectl", progress).await?;
+    let x = cluster.drained.len();
+    let kubectl_bin = kubectl_path().await?;
+    let kubeconfig = cluster.testbed.kubeconfig_path().to_path_buf();
+    let step = progress.begin(&format!("drain kubectl K={k}: {x} nodes, {k} at a time"));
+    let from = Timestamp::now();
+    let started = Instant::now();
+    let timeout = size.wait(cluster.pods * 4);
+    let timeout_arg = format!("--timeout={}s", timeout.as_secs());
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let last_drained = std::sync::Mutex::new(0.0f64);
+    let results: Vec<Result<()>> = futures::stream::iter(cluster.drained.iter())
+        .map(|node| {
+            let (kubectl_bin, kubeconfig, timeout_arg) = (&kubectl_bin, &kubeconfig, &timeout_arg);
+            let (done, last_drained, step) = (&done, &last_drained, &step);
+            async move {
+                kubectl(
+                    kubectl_bin,
+                    kubeconfig,
+                    &[
+                        "drain",
+                        node,
+                        "--ignore-daemonsets",
+                        "--delete-emptydir-data",
+                        timeout_arg,
+                    ],
+                )
+                .await?;
+                if let Ok(mut t) = last_drained.lock() {
+                    *t = started.elapsed().as_secs_f64();
+                }
+                kubectl(kubectl_bin, kubeconfig, &["uncordon", node]).await?;
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                step.set(format!("{n}/{x} nodes drained and uncordoned"));
+                Ok(())
+            }
+        })
+        .buffer_unordered(k)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<_>>>()?;
+    let seconds = started.elapsed().as_secs_f64();
+    let last = last_drained.lock().map(|t| *t).unwrap_or(f64::NAN);
+    let log = AuditLog::read(&cluster.testbed)?;
+    let (eviction_calls, evicted_pods, eviction_codes) =
+        evictions_summary(&log, &cluster.ns, ADMIN_USER, from);
+    let run = DrainRun {
+        who: "kubectl".into(),
+        nodes: x,
+        pods: cluster.pods,
+        parallel: k,
+        seconds,
+        seconds_to_last_drained: last,
+        eviction_calls,
+        evicted_pods,
+        eviction_codes,
+        eviction_calls_per_pod: ratio(eviction_calls, evicted_pods),
+        api_calls: None,
+        api_calls_per_pod: None,
+        calls_by_verb: BTreeMap::new(),
+        calls_by_resource: BTreeMap::new(),
+        rss_peak_mib: None,
+    };
+    step.end(&format!(
+        "{seconds:.1}s (last drain returned at {last:.1}s); {evicted_pods} pods evicted with \
+         {eviction_calls} eviction calls ({:.2}/pod)",
+        run.eviction_calls_per_pod
+    ));
+    ensure!(
+        evicted_pods == cluster.pods,
+        "kubectl evicted {evicted_pods} pods, want {}",
+        cluster.pods
+    );
+    Ok(run)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workload c: peak RSS at two cluster sizes
+
+async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
+    let step = progress.begin("rss: control plane");
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    step.end("started");
+    let ns = unique_name("rss");
+    let mut nodes: Vec<String> = Vec::new();
+    let mut points = Vec::new();
+    let ppn = size.rss_pods_per_node;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    for (round, &want) in size.rss_nodes.iter().enumerate() {
+        let requests = (want / 10).max(2);
+        install(
+            &client,
+            Some(limits(i32::try_from(requests.div_ceil(2))?, None)),
+        )
+        .await?;
+        if round == 0 {
+            create_namespace(&client, &ns).await?;
+        }
+        let step = progress.begin(&format!("rss: {want} nodes x {ppn} pods"));
+        let more = want.saturating_sub(nodes.len());
+        nodes.extend(create_nodes(&client, &format!("rss{round}"), more, &[]).await?);
+        wait_nodes_ready(&client, &nodes, size.wait(want)).await?;
+        let replicas = i32::try_from(nodes.len())?;
+        for i in 0..ppn {
+            let app = format!("r{i:03}");
+            if round == 0 {
+                create_deployment(
+                    &client,
+                    &ns,
+                    &app,
+                    replicas,
+                    &[("app", app.as_str())],
+                    &PodSpecOptions::on_nodes_labelled("type", "kwok"),
+                )
+                .await?;
+            } else {
+                let patch = serde_json::json!({ "spec": { "replicas": replicas } });
+                deployments
+                    .patch(&app, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .with_context(|| format!("scaling Deployment {app}"))?;
+            }
+        }
+        let pods = nodes.len() * ppn;
+        wait_pods(&client, &ns, pods, size.wait(pods), &step).await?;
+        step.end(&format!("{} nodes, {pods} pods Ready", nodes.len()));
+
+        let step = progress.begin(&format!(
+            "rss: operator on {} nodes, {requests} drains",
+            nodes.len()
+        ));
+        let op = Operator::start_as(&testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
+        let req_ns = unique_name("rss-req");
+        create_namespace(&client, &req_ns).await?;
+        let (_, seconds) = run_requests(
+            &client,
+            &req_ns,
+            &nodes[..requests],
+            true,
+            size.wait(requests * ppn * 4),
+            &step,
+        )
+        .await?;
+        let (hwm, now) = operator_rss(&op)?;
+        drop(op);
+        step.end(&format!("peak RSS {hwm:.1} MiB (now {now:.1} MiB)"));
+        points.push(RssPoint {
+            nodes: nodes.len(),
+            pods,
+            requests,
+            rss_peak_mib: hwm,
+            rss_now_mib: now,
+            seconds,
+        });
+    }
+    Ok(points)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report
+
+fn machine() -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    m.insert("nproc".into(), cpus.to_string());
+    if let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo")
+        && let Some(mib) = mib_from_status(&meminfo, "MemTotal")
+    {
+        m.insert("memory".into(), format!("{:.1} GiB", mib / 1024.0));
+    }
+    if let Ok(cpuinfo) = std::fs::read_to_string("/proc/cpuinfo")
+        && let Some(model) = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')))
+    {
+        m.insert("cpu".into(), model.1.trim().to_string());
+    }
+    if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
+        m.insert("kernel".into(), release.trim().to_string());
+    }
+    m.insert(
+        "profile".into(),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+        .into(),
+    );
+    m
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn commit() -> String {
+    let head = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    match git(&["status", "--porcelain", "--untracked-files=no"]) {
+        Some(s) if !s.is_empty() => format!("{head} (with uncommitted changes)"),
+        _ => head,
+    }
+}
+
+/// `value` against `target`: at most (`at_most`) or at least.
+fn goal(what: &str, target: f64, at_most: bool, unit: &str, measured: Option<f64>) -> Goal {
+    let sign = if at_most { "≤" } else { "≥" };
+    let target_text = format!("{sign} {target}{unit}");
+    let Some(v) = measured.filter(|v| v.is_finite()) else {
+        return Goal {
+            what: what.into(),
+            target: target_text,
+            measured: None,
+            met: None,
+            verdict: "not measured".into(),
+        };
+    };
+    let met = if at_most { v <= target } else { v >= target };
+    let off = (v - target).abs();
+    let pct = off / target * 100.0;
+    let verdict = if met {
+        format!("**met**: {v:.2}{unit}, {off:.2}{unit} ({pct:.0}%) of margin")
+    } else {
+        format!("**missed** by {off:.2}{unit} ({pct:.0}%): {v:.2}{unit}")
+    };
+    Goal {
+        what: what.into(),
+        target: target_text,
+        measured: Some(v),
+        met: Some(met),
+        verdict,
+    }
+}
+
+fn max_of(values: impl Iterator<Item = f64>) -> Option<f64> {
+    values.filter(|v| v.is_finite()).reduce(f64::max)
+}
+
+fn goals(report: &Report) -> Vec<Goal> {
+    let ours: Vec<&DrainRun> = report
+        .drains
+        .iter()
+        .filter(|d| d.who == "operator")
+        .collect();
+    let time_ratio = max_of(ours.iter().filter_map(|o| {
+        let theirs = report
+            .drains
+            .iter()
+            .find(|d| d.who == "kubectl" && d.parallel == o.parallel)?;
+        Some(o.seconds / theirs.seconds)
+    }));
+    vec![
+        goal(
+            "eviction calls per evicted pod (ours, worst K)",
+            1.15,
+            true,
+            "",
+            max_of(ours.iter().map(|d| d.eviction_calls_per_pod)),
+        ),
+        goal(
+            "operator API requests per evicted pod (worst K)",
+            2.5,
+            true,
+            "",
+            max_of(ours.iter().filter_map(|d| d.api_calls_per_pod)),
+        ),
+        goal(
+            "no-drain throughput",
+            60.0,
+            false,
+            " req/s",
+            report.no_drain.as_ref().map(|n| n.requests_per_second),
+        ),
+        goal(
+            "our drain wall time / kubectl's (worst K)",
+            0.4,
+            true,
+            "x",
+            time_ratio,
+        ),
+        goal(
+            "operator peak RSS (largest cluster)",
+            150.0,
+            true,
+            " MiB",
+            max_of(report.rss.iter().map(|r| r.rss_peak_mib)),
+        ),
+    ]
+}
+
+fn markdown(report: &Report, charts: &[(String, String)]) -> String {
+    let mut md = String::new();
+    let size = report.size.clone().unwrap_or_else(|| Size {
+        name: "?".into(),
+        nodes: 0,
+        requests: 0,
+        parallel: 0,
+        drain_nodes: 0,
+        pods_per_node: 0,
+        drain_parallel: vec![],
+        rss_nodes: vec![],
+        rss_pods_per_node: 0,
+        only: vec![],
+    });
+    let _ = writeln!(
+        md,
+        "# Benchmark report: {} ({})\n",
+        report.started, size.name
+    );
+    let _ = writeln!(
+        md,
+        "Made by `make bench` (`tests/bench_report.rs`, `MO_BENCH_SIZE={}`) on real control \
+         planes (`tests/testbed/testbed`, KWOK nodes), a fresh one per workload. API calls are \
+         counted from the API server's audit log; the operator runs as ServiceAccount \
+         `{BENCH_OPERATOR_ACCOUNT}`.\n",
+        size.name
+    );
+    let _ = writeln!(md, "| Machine | |\n| --- | --- |");
+    for (k, v) in &report.machine {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    let _ = writeln!(md, "| git commit | {} |\n", report.commit);
+
+    let _ = writeln!(
+        md,
+        "## Goals (issue 13)\n\n| Goal | Target | Verdict |\n| --- | --- | --- |"
+    );
+    for g in &report.goals {
+        let _ = writeln!(md, "| {} | {} | {} |", g.what, g.target, g.verdict);
+    }
+
+    if let Some(nd) = &report.no_drain {
+        let _ = writeln!(
+            md,
+            "\n## No drain: throughput\n\n{} requests on {} nodes, maxParallelOperations {}, each \
+             released (deleted) once Ready.\n\n| Figure | Value |\n| --- | --- |\n\
+             | wall time, first create to last request gone | {:.1} s |\n\
+             | throughput | {:.1} requests/s |\n\
+             | operator API calls per request lifecycle | {:.2} |\n\
+             | scheduler rounds (whole run) | {} |\n\
+             | operator peak RSS | {:.1} MiB |\n",
+            nd.requests,
+            nd.nodes,
+            nd.parallel,
+            nd.seconds,
+            nd.requests_per_second,
+            nd.calls_per_request,
+            nd.scheduler_rounds,
+            nd.rss_peak_mib
+        );
+        let _ = writeln!(
+            md,
+            "Operator API calls per request lifecycle, by verb:\n\n| Verb | Calls | Per request |\n| --- | --- | --- |"
+        );
+        for (verb, n) in &nd.calls_by_verb {
+            let _ = writeln!(md, "| {verb} | {n} | {:.2} |", ratio(*n, nd.requests));
+        }
+        let _ = writeln!(
+            md,
+            "\nBy verb and resource:\n\n| Call | Calls | Per request |\n| --- | --- | --- |"
+        );
+        for (call, n) in &nd.calls_by_resource {
+            let _ = writeln!(md, "| {call} | {n} | {:.2} |", ratio(*n, nd.requests));
+        }
+    }
+
+    if !report.drains.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Drain: ours and `kubectl drain`\n\n{} nodes x {} pods (Deployments and a \
+             StatefulSet, one pod per node each, PodDisruptionBudgets maxUnavailable 1, 10%, \
+             minAvailable n-1 in turn; plus a DaemonSet, skipped), maintained K at a time: ours \
+             with maxParallelOperations = maxUnavailable = K, each request released once Ready; \
+             kubectl with K concurrent `kubectl drain --ignore-daemonsets` + `kubectl uncordon`. \
+             Each run on a fresh, identical cluster; replacements go to as many spare nodes.\n\n\
+             | Who | K | Wall time (s) | Last drained at (s) | Evicted pods | Eviction calls | \
+             Calls/pod | Codes | API requests | Requests/evicted pod | Peak RSS (MiB) |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            size.drain_nodes, size.pods_per_node
+        );
+        for d in &report.drains {
+            let codes: Vec<String> = d
+                .eviction_codes
+                .iter()
+                .map(|(c, n)| format!("{c}: {n}"))
+                .collect();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.1} | {:.1} | {} | {} | {:.2} | {} | {} | {} | {} |",
+                d.who,
+                d.parallel,
+                d.seconds,
+                d.seconds_to_last_drained,
+                d.evicted_pods,
+                d.eviction_calls,
+                d.eviction_calls_per_pod,
+                codes.join(", "),
+                d.api_calls.map_or("-".into(), |n| n.to_string()),
+                d.api_calls_per_pod
+                    .map_or("-".into(), |v| format!("{v:.2}")),
+                d.rss_peak_mib.map_or("-".into(), |v| format!("{v:.1}")),
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nOur time / kubectl's:\n\n| K | Ratio |\n| --- | --- |"
+        );
+        for o in report.drains.iter().filter(|d| d.who == "operator") {
+            if let Some(t) = report
+                .drains
+                .iter()
+                .find(|d| d.who == "kubectl" && d.parallel == o.parallel)
+            {
+                let _ = writeln!(md, "| {} | {:.2}x |", o.parallel, o.seconds / t.seconds);
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\nOur API requests during the drains, by verb, then by verb and resource:\n\n| K | Call | Calls | Per evicted pod |\n| --- | --- | --- | --- |"
+        );
+        for o in report.drains.iter().filter(|d| d.who == "operator") {
+            for (verb, n) in o.calls_by_verb.iter().chain(&o.calls_by_resource) {
+                let _ = writeln!(
+                    md,
+                    "| {} | {verb} | {n} | {:.2} |",
+                    o.parallel,
+                    ratio(*n, o.evicted_pods)
+                );
+            }
+        }
+    }
+
+    if !report.rss.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Operator memory\n\nA fresh operator process per size; peak RSS is VmHWM of \
+             /proc/PID/status after it drained a tenth of the nodes (at least 2).\n\n\
+             | Nodes | Pods | Drains | Peak RSS (MiB) | RSS at the end (MiB) | Time (s) |\n\
+             | --- | --- | --- | --- | --- | --- |"
+        );
+        for r in &report.rss {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.1} | {:.1} | {:.1} |",
+                r.nodes, r.pods, r.requests, r.rss_peak_mib, r.rss_now_mib, r.seconds
+            );
+        }
+    }
+
+    if !charts.is_empty() {
+        let _ = writeln!(md, "\n## Charts\n");
+        for (title, file) in charts {
+            let _ = writeln!(md, "- [{title}]({file})\n\n  ![{title}]({file})\n");
+        }
+    }
+    md
+}
+
+// ---------------------------------------------------------------------------------------------
+// Charts (plotters, SVG; text is drawn by the viewer, no font is read here)
+
+struct Series {
+    name: String,
+    points: Vec<(f64, f64)>,
+    color: plotters::style::RGBColor,
+}
+
+/// Goal lines: dashed, across the whole chart.
+const GOAL_COLORS: [plotters::style::RGBColor; 2] = [
+    plotters::style::RGBColor(214, 39, 40),
+    plotters::style::RGBColor(148, 103, 189),
+];
+
+fn line_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    goals: &[(&str, f64)],
+) -> Result<()> {
+    use plotters::prelude::*;
+    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+    let (x_min, x_max) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+        (a.min(x), b.max(x))
+    });
+    let y_max = ys.chain(goals.iter().map(|g| g.1)).fold(0.0f64, f64::max);
+    ensure!(
+        x_min.is_finite() && x_max.is_finite(),
+        "nothing to chart in {title}"
+    );
+    let pad = ((x_max - x_min) * 0.1).max(1.0);
+    let (x0, x1) = ((x_min - pad).max(0.0), x_max + pad);
+    // Headroom above the data for the legend (upper left).
+    let y1 = if y_max > 0.0 { y_max * 1.6 } else { 1.0 };
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, 0.0..y1)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    // Whole numbers on the x axis (K, nodes): one label per unit when the range is small.
+    let x_labels = if x1 - x0 <= 12.0 {
+        (x1 - x0).round() as usize + 1
+    } else {
+        10
+    };
+    chart
+        .configure_mesh()
+        .light_line_style(WHITE)
+        .x_labels(x_labels)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for s in series {
+        let color = s.color;
+        let style = ShapeStyle::from(&color).stroke_width(2);
+        let points = s.points.clone();
+        chart
+            .draw_series(LineSeries::new(points.clone(), style))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, color.filled())),
+            )
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
+    for (i, (name, y)) in goals.iter().enumerate() {
+        let color = GOAL_COLORS[i % GOAL_COLORS.len()];
+        let style = ShapeStyle::from(&color).stroke_width(2);
+        chart
+            .draw_series(DashedLineSeries::new(vec![(x0, *y), (x1, *y)], 8, 6, style))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?
+            .label(name.to_string())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+fn charts(report: &Report, dir: &Path) -> Result<Vec<(String, String)>> {
+    use plotters::style::RGBColor;
+    const OURS: RGBColor = RGBColor(31, 119, 180);
+    const KUBECTL: RGBColor = RGBColor(255, 127, 14);
+    const CALLS: RGBColor = RGBColor(44, 160, 44);
+    let mut made = Vec::new();
+    let points = |who: &str, f: &dyn Fn(&DrainRun) -> Option<f64>| -> Vec<(f64, f64)> {
+        let mut v: Vec<(f64, f64)> = report
+            .drains
+            .iter()
+            .filter(|d| d.who == who)
+            .filter_map(|d| Some((d.parallel as f64, f(d)?)))
+            .filter(|p| p.1.is_finite())
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
+    };
+    if !report.drains.is_empty() {
+        let series = vec![
+            Series {
+                name: "ours".into(),
+                points: points("operator", &|d| Some(d.seconds)),
+                color: OURS,
+            },
+            Series {
+                name: "kubectl drain".into(),
+                points: points("kubectl", &|d| Some(d.seconds)),
+                color: KUBECTL,
+            },
+            Series {
+                name: "goal: 0.4 x kubectl drain".into(),
+                points: points("kubectl", &|d| Some(d.seconds * 0.4)),
+                color: GOAL_COLORS[0],
+            },
+        ];
+        let title = "Drain wall time vs nodes in maintenance at once";
+        line_chart(
+            &dir.join("drain-wall-time.svg"),
+            title,
+            "nodes in maintenance at once (K)",
+            "seconds until all nodes drained and back",
+            &series,
+            &[],
+        )?;
+        made.push((title.to_string(), "drain-wall-time.svg".to_string()));
+
+        let series = vec![
+            Series {
+                name: "eviction calls/pod, ours".into(),
+                points: points("operator", &|d| Some(d.eviction_calls_per_pod)),
+                color: OURS,
+            },
+            Series {
+                name: "eviction calls/pod, kubectl".into(),
+                points: points("kubectl", &|d| Some(d.eviction_calls_per_pod)),
+                color: KUBECTL,
+            },
+            Series {
+                name: "API requests/evicted pod, ours".into(),
+                points: points("operator", &|d| d.api_calls_per_pod),
+                color: CALLS,
+            },
+        ];
+        let title = "Calls per evicted pod";
+        line_chart(
+            &dir.join("calls-per-evicted-pod.svg"),
+            title,
+            "nodes in maintenance at once (K)",
+            "calls per evicted pod",
+            &series,
+            &[
+                ("goal: 1.15 eviction calls/pod", 1.15),
+                ("goal: 2.5 API requests/evicted pod", 2.5),
+            ],
+        )?;
+        made.push((title.to_string(), "calls-per-evicted-pod.svg".to_string()));
+    }
+    if !report.rss.is_empty() {
+        let series = vec![Series {
+            name: "operator peak RSS".into(),
+            points: report
+                .rss
+                .iter()
+                .map(|r| (r.nodes as f64, r.rss_peak_mib))
+                .collect(),
+            color: OURS,
+        }];
+        let title = "Operator peak RSS vs cluster size";
+        line_chart(
+            &dir.join("rss.svg"),
+            title,
+            "nodes in the cluster",
+            "MiB (VmHWM)",
+            &series,
+            &[("goal: 150 MiB", 150.0)],
+        )?;
+        made.push((title.to_string(), "rss.svg".to_string()));
+    }
+    Ok(made)
+}
+
+fn report_dir(size: &str, date: &str) -> PathBuf {
+    let base = match std::env::var_os("MO_BENCH_REPORT_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => {
+            let d = PathBuf::from(d);
+            if d.is_absolute() {
+                d
+            } else {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(d)
+            }
+        }
+        // Never in the work tree unless asked: next to the build.
+        None => Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .parent()
+            .map_or_else(|| PathBuf::from("target"), Path::to_path_buf)
+            .join("bench"),
+    };
+    base.join(format!("{date}-{size}"))
+}
+
+fn write_report(report: &Report) -> Result<PathBuf> {
+    let size = report.size.as_ref().map_or("unknown", |s| s.name.as_str());
+    let date = report.started.get(..10).unwrap_or("unknown-date");
+    let dir = report_dir(size, date);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let made = charts(report, &dir)?;
+    std::fs::write(dir.join("report.md"), markdown(report, &made))
+        .with_context(|| format!("writing {}/report.md", dir.display()))?;
+    std::fs::write(
+        dir.join("report.json"),
+        serde_json::to_string_pretty(report)? + "\n",
+    )
+    .with_context(|| format!("writing {}/report.json", dir.display()))?;
+    Ok(dir)
+}
+
+// ---------------------------------------------------------------------------------------------
+// main
+
+async fn workload<T>(
+    name: &str,
+    errors: &mut Vec<String>,
+    fut: impl Future<Output = Result<T>>,
+) -> Option<T> {
+    match fut.await {
+        Ok(v) => Some(v),
+        Err(e) => {
+            println!("FAILED {name}: {e:#}");
+            errors.push(format!("{name}: {e:#}"));
+            None
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    let size = Size::from_env()?;
+    let progress = Progress {
+        started: Instant::now(),
+    };
+    println!(
+        "bench_report: size {} (no drain {} requests on {} nodes, P={}; drain {} nodes x {} pods, \
+         K in {:?}; RSS at {:?} nodes x {} pods)",
+        size.name,
+        size.requests,
+        size.nodes,
+        size.parallel,
+        size.drain_nodes,
+        size.pods_per_node,
+        size.drain_parallel,
+        size.rss_nodes,
+        size.rss_pods_per_node
+    );
+    let mut report = Report {
+        size: Some(size.clone()),
+        started: Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        machine: machine(),
+        commit: commit(),
+        ..Report::default()
+    };
+    // A failed workload is reported and the others still run; the test fails at the end.
+    let mut errors = Vec::new();
+    if size.runs("no-drain") {
+        report.no_drain = workload("no-drain", &mut errors, no_drain(&size, &progress)).await;
+    }
+    for &k in &size.drain_parallel {
+        if size.runs("drain")
+            && let Some(run) = workload(
+                &format!("drain operator K={k}"),
+                &mut errors,
+                drain_ours(&size, k, &progress),
+            )
+            .await
+        {
+            report.drains.push(run);
+        }
+        if size.runs("kubectl")
+            && let Some(run) = workload(
+                &format!("drain kubectl K={k}"),
+                &mut errors,
+                drain_kubectl(&size, k, &progress),
+            )
+            .await
+        {
+            report.drains.push(run);
+        }
+    }
+    if size.runs("rss") {
+        report.rss = workload("rss", &mut errors, rss(&size, &progress))
+            .await
+            .unwrap_or_default();
+    }
+    report.goals = goals(&report);
+    println!("goals (issue 13):");
+    for g in &report.goals {
+        println!(
+            "  {}: {} -> {}",
+            g.what,
+            g.target,
+            g.verdict.replace("**", "")
+        );
+    }
+    let dir = write_report(&report)?;
+    println!(
+        "[{:>7.1}s] report: {}",
+        progress.started.elapsed().as_secs_f64(),
+        dir.join("report.md").display()
+    );
+    if !errors.is_empty() {
+        bail!(
+            "{} workload(s) failed:\n{}",
+            errors.len(),
+            errors.join("\n")
+        );
+    }
+    // Smoke checks: the work got done (the figures are not judged here).
+    if size.runs("no-drain") {
+        let nd = report.no_drain.as_ref().context("no no-drain figures")?;
+        ensure!(nd.requests_per_second > 0.0, "no request went through");
+    }
+    let runs = usize::from(size.runs("drain")) + usize::from(size.runs("kubectl"));
+    ensure!(
+        report.drains.len() == runs * size.drain_parallel.len(),
+        "missing drain runs"
+    );
+    if size.runs("rss") {
+        ensure!(
+            report.rss.len() == size.rss_nodes.len()
+                && report.rss.iter().all(|r| r.rss_peak_mib > 0.0),
+            "missing RSS figures"
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // `cargo test` passes the libtest options and filters on to every test binary: answer
+    // `--list`, and run only when no filter excludes this benchmark.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("bench_report: test");
+        return ExitCode::SUCCESS;
+    }
+    let mut filters = Vec::new();
+    let mut skipped = false;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--skip" => {
+                skipped |= rest
+                    .next()
+                    .is_some_and(|p| "bench_report".contains(p.as_str()))
+            }
+            a if a.starts_with('-') => {}
+            a => filters.push(a),
+        }
+    }
+    if skipped || (!filters.is_empty() && !filters.iter().any(|f| "bench_report".contains(f))) {
+        println!("bench_report: 0 passed, 0 failed, 1 filtered out");
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench_report: cannot start a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => {
+            println!("bench_report: 1 passed, 0 failed");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench_report failed: {e:#}");
+            println!("bench_report: 0 passed, 1 failed");
+            ExitCode::FAILURE
+        }
+    }
+}
