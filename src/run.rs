@@ -7,6 +7,7 @@ use std::time::Duration;
 use maintenance_actors::context::{Context, LogLevelSetter};
 use maintenance_actors::evictor::{EvictionRate, Evictor};
 use maintenance_actors::metrics::Metrics;
+use maintenance_actors::pdb_watch::PdbWatches;
 use maintenance_actors::supervisor::Supervisor;
 use ractor::Actor;
 
@@ -120,6 +121,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let eviction_client = kube::Client::try_from(eviction_config)?;
 
     let metrics = Arc::new(Metrics::new()?);
+    // One cluster-wide PDB watch for the evictor's per-budget gate and the node actors.
+    let pdbs = PdbWatches::new(client.clone());
     let evictor = Evictor::new(
         eviction_client,
         EvictionRate {
@@ -127,10 +130,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             burst: maintenance_crds::DEFAULT_EVICTION_BURST,
         },
         metrics.clone(),
+        pdbs.store(),
     );
     let mut ctx = Context::new(
         client,
         evictor,
+        pdbs,
         metrics.clone(),
         args.namespace.clone(),
         args.pod_name.clone(),

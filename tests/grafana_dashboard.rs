@@ -1371,7 +1371,8 @@ async fn scenario(
         "the blocked drain should name the guarded pod: {blocked_pods:?} in {:?}",
         blocked.status
     );
-    wait_phase(&nms, "refused", Phase::Cordon, MINUTE).await?;
+    // The Scheduled step cordons before it moves on: a refused cordon holds it there.
+    wait_phase(&nms, "refused", Phase::Scheduled, MINUTE).await?;
 
     // Wave two, once Prometheus holds the series of wave one, so histograms and counters
     // labelled in wave one increase (rates and quantiles need two points).
@@ -1579,7 +1580,7 @@ async fn scenario(
         .clone();
     let by_phase = &by_phase;
     wait_until(
-        "Requests by phase to show 1 Draining, 1 Cordon, 1 Ready and nothing else",
+        "Requests by phase to show 1 Draining, 1 Scheduled, 1 Ready and nothing else",
         MINUTE,
         || async move {
             let samples = prom.query(by_phase).await?;
@@ -1588,10 +1589,11 @@ async fn scenario(
                 .filter(|(_, v)| *v != 0.0)
                 .map(|(l, v)| (l["phase"].as_str().unwrap_or("?").to_string(), *v))
                 .collect();
-            let want: BTreeMap<String, f64> = [("Cordon", 1.0), ("Draining", 1.0), ("Ready", 1.0)]
-                .into_iter()
-                .map(|(p, v)| (p.to_string(), v))
-                .collect();
+            let want: BTreeMap<String, f64> =
+                [("Draining", 1.0), ("Ready", 1.0), ("Scheduled", 1.0)]
+                    .into_iter()
+                    .map(|(p, v)| (p.to_string(), v))
+                    .collect();
             Ok(if counts == want {
                 Check::Done(())
             } else {

@@ -55,9 +55,11 @@ pub struct Context {
 pub const DEFAULT_MISSING_NODE_GRACE: Duration = Duration::from_secs(300);
 
 impl Context {
+    /// `pdbs` is the PDB cache `evictor` was built with (one watch for both).
     pub fn new(
         client: kube::Client,
         evictor: Evictor,
+        pdbs: PdbWatches,
         metrics: Arc<Metrics>,
         namespace: String,
         pod_name: Option<String>,
@@ -70,7 +72,7 @@ impl Context {
         let identity = OperatorIdentity::new(namespace.clone(), pod_name);
         Context {
             recorder: Recorder::new(client.clone(), reporter),
-            pdbs: PdbWatches::new(client.clone()),
+            pdbs,
             client,
             evictor,
             metrics,

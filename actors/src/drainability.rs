@@ -61,17 +61,16 @@ pub async fn observe_blockers(
     if candidates.is_empty() {
         return blocked;
     }
-    let pdbs: Vec<PodDisruptionBudget> = match list_all(
-        &Api::all(ctx.client.clone()),
-        ListParams::default(),
-    )
-    .await
-    {
-        Ok(pdbs) => pdbs,
-        Err(err) => {
-            tracing::warn!(%err, "preferDrainable: cannot list PodDisruptionBudgets; admitting in the plain order");
-            return blocked;
-        }
+    // From the shared cache once it is filled (no call per round); the API server before that.
+    let pdbs: Vec<PodDisruptionBudget> = match ctx.pdbs.ready_store() {
+        Some(store) => store.state().iter().map(|pdb| (**pdb).clone()).collect(),
+        None => match list_all(&Api::all(ctx.client.clone()), ListParams::default()).await {
+            Ok(pdbs) => pdbs,
+            Err(err) => {
+                tracing::warn!(%err, "preferDrainable: cannot list PodDisruptionBudgets; admitting in the plain order");
+                return blocked;
+            }
+        },
     };
     if pdbs.is_empty() {
         return blocked;

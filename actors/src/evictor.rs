@@ -7,13 +7,12 @@ use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, RwLock};
 
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 
 use maintenance_core::drain_plan::pdb_selects;
 use maintenance_core::eviction::{
@@ -21,64 +20,21 @@ use maintenance_core::eviction::{
 };
 
 use crate::metrics::Metrics;
-use crate::task::AbortOnDrop;
 
-/// The cluster's PodDisruptionBudgets, watched from the start (they are few and small, and a
-/// replica that becomes leader needs them at once), and the tokens of each.
+/// The tokens of each PodDisruptionBudget, over the operator's one cluster-wide PDB cache
+/// ([`crate::pdb_watch::PdbWatches`], watched from the start: budgets are few and small, and a
+/// replica that becomes leader needs them at once).
 struct PdbGate {
-    client: kube::Client,
-    cache: std::sync::OnceLock<(Store<PodDisruptionBudget>, AbortOnDrop)>,
+    pdbs: Store<PodDisruptionBudget>,
     book: Mutex<TokenBook>,
 }
 
 impl PdbGate {
-    fn new(client: kube::Client) -> PdbGate {
-        let gate = PdbGate {
-            client,
-            cache: std::sync::OnceLock::new(),
-            book: Mutex::new(TokenBook::default()),
-        };
-        // Filled from the start when there is a runtime, so that the first drain finds it
-        // ready; otherwise at the first eviction.
-        if tokio::runtime::Handle::try_current().is_ok() {
-            gate.start();
-        }
-        gate
-    }
-
-    fn start(&self) -> &Store<PodDisruptionBudget> {
-        let (store, _) = self.cache.get_or_init(|| {
-            let (store, writer) = reflector::store();
-            let api: Api<PodDisruptionBudget> = Api::all(self.client.clone());
-            let stream = reflector::reflector(
-                writer,
-                watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .modify(|pdb| {
-                        pdb.metadata.managed_fields = None;
-                        pdb.metadata.annotations = None;
-                    }),
-            )
-            .applied_objects();
-            let task = tokio::spawn(async move {
-                futures::pin_mut!(stream);
-                while let Some(event) = stream.next().await {
-                    if let Err(err) = event {
-                        tracing::debug!(%err, "PodDisruptionBudget cache: watch error; retrying");
-                    }
-                }
-            });
-            (store, AbortOnDrop(task))
-        });
-        store
-    }
-
     /// The cache once it holds the cluster's budgets; never waits: until then calls go ungated
     /// (the API server still enforces every budget).
     fn store(&self) -> Option<&Store<PodDisruptionBudget>> {
-        let store = self.start();
-        store.wait_until_ready().now_or_never()?.ok()?;
-        Some(store)
+        self.pdbs.wait_until_ready().now_or_never()?.ok()?;
+        Some(&self.pdbs)
     }
 
     /// May the eviction of a pod of `namespace` with `labels` be called now? With the budget
@@ -160,9 +116,18 @@ fn limiter_for(rate: EvictionRate) -> Arc<DefaultDirectRateLimiter> {
 }
 
 impl Evictor {
-    pub fn new(client: kube::Client, rate: EvictionRate, metrics: Arc<Metrics>) -> Evictor {
+    /// `pdbs`: the store of the operator's PDB cache ([`crate::pdb_watch::PdbWatches::store`]).
+    pub fn new(
+        client: kube::Client,
+        rate: EvictionRate,
+        metrics: Arc<Metrics>,
+        pdbs: Store<PodDisruptionBudget>,
+    ) -> Evictor {
         Evictor {
-            gate: PdbGate::new(client.clone()),
+            gate: PdbGate {
+                pdbs,
+                book: Mutex::new(TokenBook::default()),
+            },
             client,
             limiter: RwLock::new((rate, limiter_for(rate))),
             metrics,

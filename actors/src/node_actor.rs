@@ -246,29 +246,16 @@ fn request_api(state: &NodeState) -> Api<NodeMaintenance> {
     )
 }
 
-fn view_of(node: Option<&Node>) -> NodeView {
-    match node {
-        None => NodeView::Missing,
-        Some(node) => NodeView::Present {
-            unschedulable: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
-        },
-    }
-}
-
 /// The node from the shared cache, or from the API server when the step needs it fresh or the
 /// cache says it is gone (releasing a request is not decided on a lagging cache).
 async fn observe_node(state: &NodeState) -> Result<NodeView, kube::Error> {
     if !lifecycle::needs_fresh_node(&state.request)
         && let Some(node) = state.nodes.get(&ObjectRef::new(state.node()))
     {
-        return Ok(view_of(Some(&node)));
+        return Ok(NodeView::of(Some(&node)));
     }
     let node = node_api(state).get_opt(state.node()).await?;
-    Ok(view_of(node.as_ref()))
+    Ok(NodeView::of(node.as_ref()))
 }
 
 /// One step: observe, decide (pure), execute.
@@ -677,15 +664,24 @@ async fn covering_pdbs(
     namespace: &str,
     pod_labels: &BTreeMap<String, String>,
 ) -> Result<Vec<String>, kube::Error> {
-    let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut names: Vec<String> = api
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .filter(|pdb| drain_plan::pdb_selects(pdb, namespace, pod_labels))
-        .map(|pdb| pdb.name_any())
-        .collect();
+    let selected = |pdb: &PodDisruptionBudget| drain_plan::pdb_selects(pdb, namespace, pod_labels);
+    // From the shared cache once it is filled; the API server only before that.
+    let mut names: Vec<String> = match ctx.pdbs.ready_store() {
+        Some(store) => store
+            .state()
+            .iter()
+            .filter(|pdb| selected(pdb))
+            .map(|pdb| pdb.name_any())
+            .collect(),
+        None => Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), namespace)
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .filter(|pdb| selected(pdb))
+            .map(|pdb| pdb.name_any())
+            .collect(),
+    };
     names.sort();
     Ok(names)
 }

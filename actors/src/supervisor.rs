@@ -15,8 +15,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use maintenance_crds::{
-    ADMITTED_TIME_ANNOTATION, DEFAULT_CONFIG_NAME, FINALIZER, MaintenanceOperatorConfig,
-    MaintenanceOperatorConfigSpec, NodeMaintenance, Phase, condition_type,
+    DEFAULT_CONFIG_NAME, FINALIZER, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec,
+    NodeMaintenance, Phase, condition_type,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::time::Instant;
@@ -30,7 +30,6 @@ use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
 use crate::task::AbortOnDrop;
 use maintenance_core::capacity::CapacityCheck;
 use maintenance_core::collection::{self, Cause};
-use maintenance_core::conditions::annotation_value;
 use maintenance_core::drainability::PreferDrainable;
 use maintenance_core::explain::{Explanations, Observed};
 use maintenance_core::lifecycle::EventReason;
@@ -495,7 +494,11 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     // the admission's guarded patch conflict and cost a round); the others get Pending with
     // their reason in their first write.
     let busy: HashSet<String> = state.admitted.union(&state.admitting).cloned().collect();
-    prepare_pending_requests(&ctx, &requests, &nodes_by_name, &busy, &first_reasons).await;
+    let explained =
+        prepare_pending_requests(&ctx, &requests, &nodes_by_name, &busy, &first_reasons).await;
+    for uid in explained {
+        state.explanations.written(uid, now);
+    }
 
     sync_actors(myself, state, &requests).await;
     ctx.metrics.scheduler_runs_total.inc();
@@ -705,7 +708,7 @@ async fn prepare_pending_requests(
     nodes_by_name: &HashMap<String, &Arc<Node>>,
     admitted: &HashSet<String>,
     reasons: &HashMap<(String, String), String>,
-) {
+) -> Vec<String> {
     let mut work: Vec<(Arc<NodeMaintenance>, bool, Option<Vec<OwnerReference>>)> = Vec::new();
     for request in requests {
         if request.is_deleting()
@@ -723,6 +726,12 @@ async fn prepare_pending_requests(
             work.push((Arc::clone(request), is_new, owners));
         }
     }
+    // The new ones get their first reason in this write: the caller records it as explained.
+    let explained: Vec<String> = work
+        .iter()
+        .filter(|(_, is_new, _)| *is_new)
+        .filter_map(|(request, _, _)| request.uid())
+        .collect();
     futures::stream::iter(work)
         .for_each_concurrent(PARALLEL_WRITES, |(request, is_new, owners)| {
             let ctx = ctx.clone();
@@ -753,6 +762,7 @@ async fn prepare_pending_requests(
             }
         })
         .await;
+    explained
 }
 
 /// No Ready condition, or NVIDIA's uninitialized empty reason: never marked Pending yet.
@@ -794,8 +804,9 @@ async fn set_owners(
     .await
 }
 
-/// Pending -> Scheduled: finalizer and the node as owner first (so cleanup is guaranteed and
-/// deleting the node removes the request), then the status.
+/// Pending -> Scheduled: finalizer, the node as owner and the admission's annotations (the node's
+/// initial state among them) first, in one write, so cleanup is guaranteed, deleting the node
+/// removes the request, and the first step can cordon at once; then the status.
 async fn admit(
     ctx: &Context,
     request: &NodeMaintenance,
@@ -810,16 +821,21 @@ async fn admit(
     // Usually already set while the request was Pending; the same rule either way.
     let owners = ownership::owner_references(request.owner_references(), node_identity(node))
         .unwrap_or_else(|| request.owner_references().to_vec());
-    // The admission time in the same write: it tells our phase starts from those another
-    // operator wrote (see `conditions::phase_since`).
+    // The node from the API server, not the cache: the cache may still show the cordon of a
+    // request on this node released a moment ago, and the initial state decides the uncordon.
+    let fresh_node = if lifecycle::initial_state(request).is_none() {
+        let nodes: Api<Node> = Api::all(ctx.client.clone());
+        lifecycle::NodeView::of(nodes.get_opt(&request.spec.node_name).await?.as_ref())
+    } else {
+        lifecycle::NodeView::Missing
+    };
+    let annotations = lifecycle::admission_annotations(request, fresh_node, jiff::Timestamp::now());
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": request.resource_version(),
             "finalizers": finalizers,
             "ownerReferences": owners,
-            "annotations": {
-                ADMITTED_TIME_ANNOTATION: annotation_value(jiff::Timestamp::now()),
-            },
+            "annotations": annotations,
         }
     });
     let with_finalizer = api

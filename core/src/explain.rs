@@ -120,6 +120,19 @@ impl<K: Clone + Eq + Hash> Explanations<K> {
         }
         chosen
     }
+
+    /// Records a message written elsewhere (a new request's first Pending carries its reason):
+    /// its next rewrite waits for the interval like any other, instead of following at once
+    /// because the counts in the reason moved by one.
+    pub fn written(&mut self, key: K, now: Timestamp) {
+        self.explained.insert(
+            key,
+            Explained {
+                at: now,
+                limits_epoch: self.limits_epoch,
+            },
+        );
+    }
 }
 
 #[cfg(test)]
@@ -297,5 +310,22 @@ mod tests {
         assert!(memory.round(&limits(1), &[], at(1)).is_empty());
         // Waiting again: explained at once, not 10 s after the first time.
         assert_eq!(memory.round(&limits(1), &observed("y"), at(2)), ["a"]);
+    }
+
+    /// A new request's first Pending already carries the reason of its first round; when the
+    /// counts in the reason move in the next round, the message waits for the interval rather
+    /// than being rewritten at once (that was most of a write per waiting request).
+    #[test]
+    fn a_first_pending_written_elsewhere_is_throttled_like_an_explanation() {
+        let mut memory: Explanations<&str> = Explanations::default();
+        memory.round(&limits(1), &[], at(0));
+        memory.written("a", at(0));
+        let observed = [Observed {
+            key: "a",
+            reason: "2 in maintenance",
+            message: "1 in maintenance",
+        }];
+        assert!(memory.round(&limits(1), &observed, at(1)).is_empty());
+        assert_eq!(memory.round(&limits(1), &observed, at(10)), ["a"]);
     }
 }

@@ -16,10 +16,10 @@ use std::fmt;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use maintenance_crds::{
-    BlockedPod, DrainSpec, DrainStatus, FINALIZER, ForceDeletedPod,
+    ADMITTED_TIME_ANNOTATION, BlockedPod, DrainSpec, DrainStatus, FINALIZER, ForceDeletedPod,
     INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, NodeMaintenanceStatus, Phase,
     READY_TIME_ANNOTATION, condition_type,
 };
@@ -28,8 +28,11 @@ use crate::conditions;
 use crate::drain_plan::{self, CompletionRules, DrainRules, OperatorIdentity, PodRef, SkipReason};
 use crate::eviction::{DeleteOutcome, EvictionOutcome};
 
-/// Drain progress is written at most this often, so a thousand evictions are not a thousand writes.
-pub const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+/// Drain progress is written at most this often, so a thousand evictions are not a thousand
+/// writes: at 1 s a drain wrote about one status per evicted pod. NVIDIA's controller writes it
+/// every 10 s (`drainReqeueTime`, internal/controller/nodemaintenance_controller.go); the first
+/// write, a timeout, a bypassed budget and the phase change are written at once all the same.
+pub const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(5);
 /// Retry cadence for a blocked eviction once the drain has timed out: slow, but it recovers.
 pub const SLOW_RETRY: Duration = Duration::from_secs(30);
 /// How soon an eviction the per-budget gate held back looks again (jittered).
@@ -50,6 +53,21 @@ pub enum NodeView {
     Present {
         unschedulable: bool,
     },
+}
+
+impl NodeView {
+    pub fn of(node: Option<&Node>) -> NodeView {
+        match node {
+            None => NodeView::Missing,
+            Some(node) => NodeView::Present {
+                unschedulable: node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false),
+            },
+        }
+    }
 }
 
 /// What the node actor observed, for one step.
@@ -657,7 +675,25 @@ pub fn step(
     if phase != Phase::Pending && !has_finalizer(request) {
         step.actions.insert(0, Action::AddFinalizer);
     }
+    record_ready_time_before_ready(request, &mut step, now);
     step
+}
+
+/// NVIDIA's `ready-time` goes in just before the status write that shows Ready, not after it: a
+/// requestor releases the request the moment it sees Ready, and a write after that races the
+/// deletion (a conflict, a re-read, and the write again).
+fn record_ready_time_before_ready(request: &NodeMaintenance, step: &mut Step, now: Timestamp) {
+    if conditions::annotation_time(request, READY_TIME_ANNOTATION).is_some() {
+        return;
+    }
+    let enters_ready = step.actions.iter().position(|action| {
+        matches!(action, Action::WriteStatus(write)
+            if write.transition.as_ref().is_some_and(|t| t.to == Phase::Ready))
+    });
+    if let Some(index) = enters_ready {
+        step.actions
+            .insert(index, Action::RecordReadyTime { at: now });
+    }
 }
 
 fn step_in_phase(
@@ -691,8 +727,13 @@ fn step_in_phase(
     match phase {
         // The supervisor alone admits.
         Phase::Pending => Step::default(),
-        Phase::Scheduled => on_scheduled(request, observed, now),
-        Phase::Cordon => on_cordon(request, observed, now),
+        // Scheduled: cordon and move on in one write. NVIDIA's controller shows Cordon as a phase
+        // of its own (`handleScheduledState`, then `handleCordonState`, in
+        // internal/controller/nodemaintenance_controller.go); ours skips that status write and
+        // its Event, as it skips WaitForPodCompletion and Draining when the spec asks for
+        // neither. The admission recorded the node's initial state; an object that reached
+        // Scheduled without it (another operator's) records it here first.
+        Phase::Scheduled | Phase::Cordon => on_cordon(request, observed, now),
         Phase::WaitForPodCompletion => on_wait_for_completion(request, observed, now, ledger),
         Phase::Draining => match &request.spec.drain_spec {
             Some(spec) => on_draining(request, spec, observed, now, ledger),
@@ -770,8 +811,11 @@ fn on_deletion(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestam
         return step;
     }
     let mut actions = Vec::new();
-    // Only a node we cordoned is uncordoned, and only once the cordon may have happened.
-    let cordon_done = !matches!(phase, Phase::Pending | Phase::Scheduled);
+    // Only a node we cordoned is uncordoned, and only once the cordon may have happened: from
+    // Scheduled on, since the Scheduled step cordons before it writes the next phase (a deletion
+    // between the two must not leave the node cordoned). An uncordon we turn out not to owe sets
+    // `unschedulable: false` on a node that already has it.
+    let cordon_done = phase != Phase::Pending;
     if cordon_done && we_cordon(request) && matches!(observed.node, NodeView::Present { .. }) {
         actions.push(Action::Uncordon);
         actions.push(Action::Event(Event {
@@ -822,18 +866,26 @@ fn on_node_gone(request: &NodeMaintenance, now: Timestamp) -> Step {
     step
 }
 
-/// Scheduled: remember whether the node was already unschedulable, so cleanup uncordons only a
-/// node that we cordoned.
-fn on_scheduled(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestamp) -> Step {
-    let mut actions = Vec::new();
-    if let (None, NodeView::Present { unschedulable }) = (initial_state(request), observed.node) {
-        actions.push(Action::RecordInitialState { unschedulable });
+/// The annotations the admission writes with our finalizer, in one metadata write: the admission
+/// time (from which our phase clocks count, see [`conditions::phase_since`]) and, when the node is
+/// there, its initial state, so the first step can cordon without a write of its own. `node` must
+/// be read from the API server, not a cache: see [`needs_fresh_node`].
+pub fn admission_annotations(
+    request: &NodeMaintenance,
+    node: NodeView,
+    now: Timestamp,
+) -> BTreeMap<String, String> {
+    let mut annotations = BTreeMap::from([(
+        ADMITTED_TIME_ANNOTATION.to_string(),
+        conditions::annotation_value(now),
+    )]);
+    if let (None, NodeView::Present { unschedulable }) = (initial_state(request), node) {
+        annotations.insert(
+            INITIAL_UNSCHEDULABLE_ANNOTATION.to_string(),
+            unschedulable.to_string(),
+        );
     }
-    actions.push(enter(request, Phase::Cordon, "", now, |_| {}));
-    Step {
-        actions,
-        ..Step::default()
-    }
+    annotations
 }
 
 /// Ready without NVIDIA's `ready-time` annotation gets it, as NVIDIA's `handleTerminalState`
@@ -881,12 +933,16 @@ fn on_cordon(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestamp)
         actions.push(Action::RecordInitialState { unschedulable });
         cordon = request.spec.cordon() && !unschedulable;
     }
-    // A node already cordoned (by NVIDIA's operator before we adopted the request, or by our
-    // step before a restart) is not cordoned twice; the uncordon is still owed by the annotation.
-    let already_cordoned = observed.node
-        == NodeView::Present {
-            unschedulable: true,
-        };
+    // A node already cordoned in Cordon (by NVIDIA's operator before we adopted the request, or
+    // by our step before a restart) is not cordoned twice; the uncordon is still owed by the
+    // annotation. In Scheduled the view comes from the shared cache, which may still show the
+    // cordon of a request released a moment ago (the admission read the node fresh, the cache
+    // did not): the cordon is written whatever the cache says.
+    let already_cordoned = request.phase() == Phase::Cordon
+        && observed.node
+            == NodeView::Present {
+                unschedulable: true,
+            };
     if cordon && !already_cordoned {
         actions.push(Action::Cordon);
     }

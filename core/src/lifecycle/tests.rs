@@ -217,8 +217,10 @@ fn deletion_in_every_phase_with_and_without_additional_requestors() {
     let table = [
         (Pending, false, true, false),
         (Pending, true, true, false),
-        (Scheduled, false, true, false),
-        (Scheduled, true, true, false),
+        // The Scheduled step cordons before it writes the next phase: a deletion between the two
+        // must uncordon.
+        (Scheduled, false, true, true),
+        (Scheduled, true, true, true),
         (Cordon, false, true, true),
         (Cordon, true, true, true),
         (WaitForPodCompletion, false, true, true),
@@ -387,10 +389,46 @@ fn a_released_request_needs_no_actor() {
 
 // ---- the happy path, phase by phase ----
 
+/// The admission records the initial state; the Scheduled step then cordons and writes the phase
+/// after the cordon, with no Cordon phase of its own (a status write and an Event fewer).
 #[test]
-fn scheduled_records_the_initial_state_then_cordons() {
+fn scheduled_cordons_and_moves_on_in_one_write() {
+    let nm = request(Phase::Scheduled);
+    assert!(!needs_fresh_node(&nm));
+    let step = run(&nm, SCHEDULABLE, None, at(1));
+    assert_eq!(step.actions[0], Action::Cordon);
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    assert_eq!(status_writes(&step).len(), 1);
+    let step = run(&with_drain(nm.clone(), 0), SCHEDULABLE, None, at(1));
+    assert!(has(&step, &Action::Cordon));
+    assert_eq!(moved_to(&step), Some(Phase::Draining));
+    // The cache may still show the cordon of a request released a moment ago; the admission
+    // read the node fresh and found it schedulable: the cordon is written all the same.
+    let step = run(&nm, CORDONED, None, at(1));
+    assert!(has(&step, &Action::Cordon), "{step:?}");
+    // The node was unschedulable before us: no cordon, and none to undo later.
+    let step = run(&with_initial_state(nm, Some(true)), CORDONED, None, at(1));
+    assert!(!has(&step, &Action::Cordon));
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+}
+
+/// An object that reached Scheduled without the initial state (written by another operator, or
+/// admitted by an older version of ours) records it from a fresh read before the cordon.
+#[test]
+fn scheduled_without_an_initial_state_records_it_before_the_cordon() {
     let nm = with_initial_state(request(Phase::Scheduled), None);
     assert!(needs_fresh_node(&nm));
+    let step = run(&nm, SCHEDULABLE, None, at(1));
+    assert_eq!(
+        step.actions[..2],
+        [
+            Action::RecordInitialState {
+                unschedulable: false
+            },
+            Action::Cordon
+        ]
+    );
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
     let step = run(&nm, CORDONED, None, at(1));
     assert_eq!(
         step.actions[0],
@@ -398,13 +436,31 @@ fn scheduled_records_the_initial_state_then_cordons() {
             unschedulable: true
         }
     );
-    assert_eq!(moved_to(&step), Some(Phase::Cordon));
-    // Recorded already (a restart after the annotation was written): only the phase moves.
-    let nm = request(Phase::Scheduled);
-    assert!(!needs_fresh_node(&nm));
-    let step = run(&nm, SCHEDULABLE, None, at(1));
-    assert_eq!(step.actions.len(), 1);
-    assert_eq!(moved_to(&step), Some(Phase::Cordon));
+    assert!(!has(&step, &Action::Cordon));
+}
+
+#[test]
+fn admission_records_the_admission_time_and_the_fresh_initial_state() {
+    let pending = request(Phase::Pending);
+    let annotations = admission_annotations(&pending, CORDONED, at(7));
+    assert_eq!(
+        annotations.get(ADMITTED_TIME_ANNOTATION),
+        Some(&conditions::annotation_value(at(7)))
+    );
+    assert_eq!(
+        annotations
+            .get(INITIAL_UNSCHEDULABLE_ANNOTATION)
+            .map(String::as_str),
+        Some("true")
+    );
+    // A node that is gone has no state to record; an initial state already recorded (a request
+    // that went back to Pending) is never overwritten.
+    assert_eq!(
+        admission_annotations(&pending, NodeView::Missing, at(7)).len(),
+        1
+    );
+    let recorded = with_initial_state(pending, Some(false));
+    assert_eq!(admission_annotations(&recorded, CORDONED, at(7)).len(), 1);
 }
 
 #[test]
@@ -455,6 +511,51 @@ fn ready_records_its_ready_time_once() {
     // RequestorFailed is never collected, so it needs no ready-time.
     let failed = requestor_failed(request(Phase::RequestorFailed), true);
     assert!(run(&failed, CORDONED, None, at(200)).actions.is_empty());
+}
+
+/// The `ready-time` annotation is written before the status that shows Ready, at the time the
+/// condition turns True: a requestor that releases the request as soon as it sees Ready never
+/// races our annotation write.
+#[test]
+fn ready_time_is_written_before_the_status_that_shows_ready() {
+    let step = run(&request(Phase::Scheduled), SCHEDULABLE, None, at(4));
+    let ready_time = step
+        .actions
+        .iter()
+        .position(|a| *a == Action::RecordReadyTime { at: at(4) });
+    let ready_status = step.actions.iter().position(
+        |a| matches!(a, Action::WriteStatus(w) if w.transition.as_ref().is_some_and(|t| t.to == Phase::Ready)),
+    );
+    assert!(
+        matches!((ready_time, ready_status), (Some(t), Some(s)) if t < s),
+        "{step:?}"
+    );
+    // Recorded already (a Ready again after a cleared failure): kept, as NVIDIA keeps it.
+    let recorded = with_annotation(
+        request(Phase::Scheduled),
+        READY_TIME_ANNOTATION,
+        Some(at(1)),
+    );
+    let step = run(&recorded, SCHEDULABLE, None, at(4));
+    assert!(
+        !step
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::RecordReadyTime { .. }))
+    );
+    // Not Ready yet: nothing recorded.
+    let step = run(
+        &with_drain(request(Phase::Scheduled), 0),
+        SCHEDULABLE,
+        None,
+        at(4),
+    );
+    assert!(
+        !step
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::RecordReadyTime { .. }))
+    );
 }
 
 // ---- adoption of requests NVIDIA's operator left mid-flight ----
@@ -1047,8 +1148,9 @@ fn drain_status_writes_are_throttled() {
     let step = run_with(&written, CORDONED, Some(&pods[..1]), now, &mut ledger);
     assert!(status_writes(&step).is_empty());
     assert_eq!(step.wake_at, Some(after(at(1), STATUS_WRITE_INTERVAL)));
-    // A second later it is written.
-    let step = run_with(&written, CORDONED, Some(&pods[..1]), at(2), &mut ledger);
+    // Once the interval has passed it is written.
+    let due = after(at(1), STATUS_WRITE_INTERVAL);
+    let step = run_with(&written, CORDONED, Some(&pods[..1]), due, &mut ledger);
     assert_eq!(status_writes(&step).len(), 1);
 }
 
