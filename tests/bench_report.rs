@@ -17,8 +17,9 @@
 //! A plain `cargo test` runs it at size `smoke` and only checks that the work got done. Sizes:
 //! `MO_BENCH_SIZE=smoke|small|large`; overrides `MO_BENCH_NODES`, `MO_BENCH_REQUESTS`,
 //! `MO_BENCH_PARALLEL` (no drain), `MO_BENCH_DRAIN_NODES`, `MO_BENCH_PODS_PER_NODE`,
-//! `MO_BENCH_DRAIN_PARALLEL` (a list, e.g. `2,5`), `MO_BENCH_RSS_NODES` (two sizes, e.g.
-//! `100,300`), `MO_BENCH_ONLY` (some of `no-drain,drain,kubectl,rss`). The report goes to
+//! `MO_BENCH_DRAIN_PARALLEL` (a list, e.g. `2,5`), `MO_BENCH_RSS_NODES` (two or more growing
+//! sizes, e.g. `100,300`), `MO_BENCH_RSS_PODS_PER_NODE`, `MO_BENCH_ONLY` (some of
+//! `no-drain,drain,kubectl,rss`). The report goes to
 //! `$MO_BENCH_REPORT_DIR/<UTC date>-<size>/` (`make bench` sets `bench`), else to
 //! `target/bench/<UTC date>-<size>/`.
 //!
@@ -26,7 +27,7 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -45,7 +46,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use maintenance_crds::Phase;
+use maintenance_crds::{NodeMaintenance, Phase};
 use serde::Serialize;
 use support::audit::{AuditLog, BENCH_OPERATOR_ACCOUNT};
 use support::operator::*;
@@ -163,10 +164,13 @@ impl Size {
         }
         if let Some(v) = env_list("MO_BENCH_RSS_NODES")? {
             ensure!(
-                v.len() == 2,
-                "MO_BENCH_RSS_NODES wants two sizes, e.g. 100,300"
+                v.len() >= 2 && v.windows(2).all(|w| w[0] < w[1]),
+                "MO_BENCH_RSS_NODES wants two or more growing sizes, e.g. 100,300"
             );
             size.rss_nodes = v;
+        }
+        if let Some(v) = env_usize("MO_BENCH_RSS_PODS_PER_NODE")? {
+            size.rss_pods_per_node = v;
         }
         if let Ok(only) = std::env::var("MO_BENCH_ONLY") {
             size.only = only
@@ -270,7 +274,15 @@ struct NoDrain {
     calls_by_resource: BTreeMap<String, usize>,
     calls_per_request: f64,
     scheduler_rounds: f64,
+    /// Time the supervisor spent in its rounds (they run one at a time).
+    scheduler_seconds: f64,
     rss_peak_mib: f64,
+    /// The operator's CPU seconds over the measured requests, per request.
+    cpu_seconds_per_request: f64,
+    /// What the API server of the same control plane sustains with nothing but merge patches
+    /// (see [`api_write_ceiling`]): divided by the calls per request, an upper bound of the
+    /// throughput whatever the operator does.
+    api_writes_per_second: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -304,6 +316,8 @@ struct RssPoint {
     rss_peak_mib: f64,
     rss_now_mib: f64,
     seconds: f64,
+    /// The operator's CPU seconds from its start to the end of the drains, per request.
+    cpu_seconds_per_request: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -349,6 +363,28 @@ fn rss_of(pid: u32) -> Result<(f64, f64)> {
 
 fn operator_rss(op: &Operator) -> Result<(f64, f64)> {
     rss_of(op.pid().context("the operator is not running")?)
+}
+
+/// CPU seconds (user + system) the operator process has used so far, from /proc/PID/stat.
+fn operator_cpu_seconds(op: &Operator) -> Result<f64> {
+    let pid = op.pid().context("the operator is not running")?;
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // The command name (field 2) may hold spaces: count the fields after its closing ')'.
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("no ')' in stat")?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = |i: usize| -> Result<f64> {
+        Ok(fields
+            .get(i)
+            .with_context(|| format!("{path} has no field {}", i + 3))?
+            .parse::<f64>()?)
+    };
+    // USER_HZ is 100 on every Linux this runs on (the proc(5) default).
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 /// The operator's calls (reads and writes) received in `[from, to]`: total, by verb, and by
@@ -443,7 +479,23 @@ async fn run_requests(
     timeout: Duration,
     step: &Step,
 ) -> Result<(f64, f64)> {
+    use kube::runtime::watcher;
     let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let total = nodes.len();
+    // The requestor: a watch on the requests, each deleted the moment it shows Ready, the
+    // deletions concurrent, as a controller releasing its nodes would. Polling and deleting one
+    // at a time would time the requestor, not the operator.
+    let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), ns);
+    let events = watcher(api.clone(), watcher::Config::default());
+    futures::pin_mut!(events);
+    // The first event starts the watch: a request created before its list is in the list, one
+    // created after comes through the watch, so no Ready is missed.
+    match tokio::time::timeout_at(deadline, events.next()).await {
+        Ok(Some(Ok(_))) => {}
+        Ok(Some(Err(e))) => bail!("watching the requests of {ns}: {e}"),
+        Ok(None) | Err(_) => bail!("the watch on the requests of {ns} did not start"),
+    }
     futures::stream::iter(nodes.iter().enumerate())
         .map(|(i, node)| {
             let client = client.clone();
@@ -461,40 +513,132 @@ async fn run_requests(
         .await
         .into_iter()
         .collect::<Result<Vec<_>>>()?;
-    step.set(format!("{} requests created", nodes.len()));
-    let total = nodes.len();
-    let mut released = 0usize;
+    step.set(format!("{total} requests created"));
+    let mut releasing: HashSet<String> = HashSet::new();
+    // The requests the watch shows, rebuilt on a re-list (which may hide deletions).
+    let mut present: HashSet<String> = HashSet::new();
+    let mut relisting: Option<HashSet<String>> = None;
+    let mut ever_seen: HashSet<String> = HashSet::new();
     let mut last_ready = 0.0;
-    let deadline = Instant::now() + timeout;
+    let mut deletions = tokio::task::JoinSet::new();
     loop {
-        let all = list_requests(client, ns).await?;
-        for r in &all {
-            if r.phase() == Phase::Ready && !r.is_deleting() {
-                delete_request(client, ns, &r.name_any()).await?;
-                released += 1;
-                last_ready = started.elapsed().as_secs_f64();
-            }
-        }
-        let in_progress = all
-            .iter()
-            .filter(|r| !r.is_deleting() && r.phase() != Phase::Pending)
-            .count();
-        step.set(format!(
-            "{released}/{total} released, {in_progress} in progress, {} left",
-            all.len()
-        ));
-        if all.is_empty() {
+        // Done when none is left; a request never seen (created and deleted while the watch was
+        // re-listing) is looked up once rather than waited for.
+        if present.is_empty()
+            && relisting.is_none()
+            && (ever_seen.len() == total
+                || api.list(&ListParams::default()).await?.items.is_empty())
+        {
             break;
         }
-        if Instant::now() > deadline {
-            bail!(
-                "timed out after {timeout:?}: {} requests left, {released} of {total} released",
-                all.len()
-            );
+        let event = tokio::select! {
+            event = events.next() => event,
+            Some(done) = deletions.join_next() => {
+                done.context("a deletion task failed")??;
+                continue;
+            }
+            _ = tokio::time::sleep_until(deadline) => bail!(
+                "timed out after {timeout:?}: {} of {total} requests left, {} released",
+                present.len(),
+                releasing.len()
+            ),
+        };
+        let event = match event {
+            Some(Ok(event)) => event,
+            Some(Err(e)) => {
+                // The watcher re-lists by itself after an error; say so and go on.
+                step.set(format!("watch error (retrying): {e}"));
+                continue;
+            }
+            None => bail!("the watch on the requests of {ns} ended"),
+        };
+        let ready = match event {
+            watcher::Event::Apply(r) => {
+                present.insert(r.name_any());
+                Some(r)
+            }
+            watcher::Event::InitApply(r) => {
+                relisting
+                    .get_or_insert_with(HashSet::new)
+                    .insert(r.name_any());
+                Some(r)
+            }
+            watcher::Event::Delete(r) => {
+                present.remove(&r.name_any());
+                None
+            }
+            watcher::Event::Init => {
+                relisting = Some(HashSet::new());
+                None
+            }
+            watcher::Event::InitDone => {
+                present = relisting.take().unwrap_or_default();
+                None
+            }
+        };
+        if let Some(r) = ready {
+            ever_seen.insert(r.name_any());
+            if r.phase() == Phase::Ready && !r.is_deleting() && releasing.insert(r.name_any()) {
+                last_ready = started.elapsed().as_secs_f64();
+                let (client, ns, name) = (client.clone(), ns.to_string(), r.name_any());
+                deletions.spawn(async move { delete_request(&client, &ns, &name).await });
+            }
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        step.set(format!(
+            "{}/{total} released, {} left",
+            releasing.len(),
+            present.len()
+        ));
+    }
+    while let Some(done) = deletions.join_next().await {
+        done.context("a deletion task failed")??;
     }
     Ok((last_ready, started.elapsed().as_secs_f64()))
+}
+
+/// Merge patches per second the API server sustains: 32 writers, each patching an annotation of
+/// its own ConfigMap as fast as the answers come, for 5 s. The audit policy, the etcd and the
+/// machine are those the workloads run on, so this bounds what any client achieves here.
+async fn api_write_ceiling(client: &Client, ns: &str, step: &Step) -> Result<f64> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    const WRITERS: usize = 32;
+    const WINDOW: Duration = Duration::from_secs(5);
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    for i in 0..WRITERS {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("ceiling-{i}")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &cm)
+            .await
+            .with_context(|| format!("creating ConfigMap {ns}/ceiling-{i}"))?;
+    }
+    step.set(format!("{WRITERS} writers for {WINDOW:?}"));
+    let started = Instant::now();
+    let counts = futures::future::try_join_all((0..WRITERS).map(|i| {
+        let api = api.clone();
+        async move {
+            let mut done = 0usize;
+            while started.elapsed() < WINDOW {
+                let patch =
+                    serde_json::json!({"metadata": {"annotations": {"n": done.to_string()}}});
+                api.patch(
+                    &format!("ceiling-{i}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .with_context(|| format!("patching ConfigMap ceiling-{i}"))?;
+                done += 1;
+            }
+            anyhow::Ok(done)
+        }
+    }))
+    .await?;
+    Ok(counts.iter().sum::<usize>() as f64 / started.elapsed().as_secs_f64())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -532,6 +676,7 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         size.requests, size.parallel
     ));
     let from = Timestamp::now();
+    let cpu_before = operator_cpu_seconds(&op)?;
     let (_, seconds) = run_requests(
         &client,
         &ns,
@@ -547,9 +692,15 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         "all Ready and released in {seconds:.1}s, {requests_per_second:.1} requests/s"
     ));
 
+    let cpu_seconds_per_request =
+        (operator_cpu_seconds(&op)? - cpu_before) / size.requests.max(1) as f64;
     let (rss_peak_mib, _) = operator_rss(&op)?;
     let scheduler_rounds = op
         .metric("maintenance_operator_scheduler_runs_total")
+        .await
+        .unwrap_or(f64::NAN);
+    let scheduler_seconds = op
+        .metric("maintenance_operator_scheduler_run_duration_seconds_sum")
         .await
         .unwrap_or(f64::NAN);
     let log = AuditLog::read(&testbed)?;
@@ -558,6 +709,12 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         "    operator API calls: {calls} ({:.2} per request), by verb {calls_by_verb:?}",
         ratio(calls, size.requests)
     );
+    let ceiling = progress.begin("no-drain: the API server's write ceiling");
+    let writes_per_second = api_write_ceiling(&client, &ns, &ceiling).await?;
+    let bound = writes_per_second / ratio(calls, size.requests);
+    ceiling.end(&format!(
+        "{writes_per_second:.0} writes/s: at most {bound:.1} requests/s at this many calls per request"
+    ));
     Ok(NoDrain {
         nodes: size.nodes,
         requests: size.requests,
@@ -568,7 +725,10 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         calls_by_verb,
         calls_by_resource,
         scheduler_rounds,
+        scheduler_seconds,
         rss_peak_mib,
+        cpu_seconds_per_request,
+        api_writes_per_second: writes_per_second,
     })
 }
 
@@ -1012,6 +1172,7 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
         )
         .await?;
         let (hwm, now) = operator_rss(&op)?;
+        let cpu_seconds_per_request = operator_cpu_seconds(&op)? / requests.max(1) as f64;
         drop(op);
         step.end(&format!("peak RSS {hwm:.1} MiB (now {now:.1} MiB)"));
         points.push(RssPoint {
@@ -1021,6 +1182,7 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
             rss_peak_mib: hwm,
             rss_now_mib: now,
             seconds,
+            cpu_seconds_per_request,
         });
     }
     Ok(points)
@@ -1215,6 +1377,10 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
              | throughput | {:.1} requests/s |\n\
              | operator API calls per request lifecycle | {:.2} |\n\
              | scheduler rounds (whole run) | {} |\n\
+             | time in scheduler rounds (whole run; one at a time) | {:.1} s |\n\
+             | operator CPU per request | {:.1} ms |\n\
+             | the API server's ceiling: merge patches/s (32 writers, nothing else) | {:.0} |\n\
+             | so at most, at these calls per request | {:.1} requests/s |\n\
              | operator peak RSS | {:.1} MiB |\n",
             nd.requests,
             nd.nodes,
@@ -1223,6 +1389,10 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
             nd.requests_per_second,
             nd.calls_per_request,
             nd.scheduler_rounds,
+            nd.scheduler_seconds,
+            nd.cpu_seconds_per_request * 1000.0,
+            nd.api_writes_per_second,
+            nd.api_writes_per_second / nd.calls_per_request,
             nd.rss_peak_mib
         );
         let _ = writeln!(
@@ -1312,14 +1482,20 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
             md,
             "\n## Operator memory\n\nA fresh operator process per size; peak RSS is VmHWM of \
              /proc/PID/status after it drained a tenth of the nodes (at least 2).\n\n\
-             | Nodes | Pods | Drains | Peak RSS (MiB) | RSS at the end (MiB) | Time (s) |\n\
-             | --- | --- | --- | --- | --- | --- |"
+             | Nodes | Pods | Drains | Peak RSS (MiB) | RSS at the end (MiB) | Time (s) | CPU per drain (ms) |\n\
+             | --- | --- | --- | --- | --- | --- | --- |"
         );
         for r in &report.rss {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.1} | {:.1} | {:.1} |",
-                r.nodes, r.pods, r.requests, r.rss_peak_mib, r.rss_now_mib, r.seconds
+                "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} |",
+                r.nodes,
+                r.pods,
+                r.requests,
+                r.rss_peak_mib,
+                r.rss_now_mib,
+                r.seconds,
+                r.cpu_seconds_per_request * 1000.0
             );
         }
     }
@@ -1552,6 +1728,142 @@ fn report_dir(size: &str, date: &str) -> PathBuf {
     base.join(format!("{date}-{size}"))
 }
 
+// ---------------------------------------------------------------------------------------------
+// README's performance table: generated from a report, checked against the latest one
+
+const README_BEGIN: &str =
+    "<!-- bench-table: begin (generated by make bench from bench/*/readme-table.md) -->";
+const README_END: &str = "<!-- bench-table: end -->";
+
+/// The README's performance table for `report`, written next to it as `readme-table.md`.
+fn readme_table(report: &Report, dir_name: &str) -> String {
+    let mut t = String::new();
+    let size = report.size.as_ref().map_or("?", |s| s.name.as_str());
+    let _ = writeln!(
+        t,
+        "From [bench/{dir_name}](bench/{dir_name}/report.md) (`make bench`, size {size}, {} profile, \
+         {} cores, commit {}):\n",
+        report.machine.get("profile").map_or("?", String::as_str),
+        report.machine.get("nproc").map_or("?", String::as_str),
+        report.commit
+    );
+    let _ = writeln!(t, "| What | Ours | `kubectl drain` |");
+    let _ = writeln!(t, "| --- | --- | --- |");
+    if let Some(nd) = &report.no_drain {
+        let _ = writeln!(
+            t,
+            "| {} requests on {} nodes, maxParallelOperations {}, released when Ready (no drain) | \
+             {:.1} s, {:.1} requests/s, {:.2} API calls per request, {:.1} ms of operator CPU \
+             per request (this API server's ceiling, {:.0} writes/s, allows at most {:.1} \
+             requests/s at that many calls) | – |",
+            nd.requests,
+            nd.nodes,
+            nd.parallel,
+            nd.seconds,
+            nd.requests_per_second,
+            nd.calls_per_request,
+            nd.cpu_seconds_per_request * 1000.0,
+            nd.api_writes_per_second,
+            nd.api_writes_per_second / nd.calls_per_request
+        );
+    }
+    let mut ks: Vec<usize> = report.drains.iter().map(|d| d.parallel).collect();
+    ks.sort_unstable();
+    ks.dedup();
+    for k in ks {
+        let run = |who: &str| {
+            report
+                .drains
+                .iter()
+                .find(|d| d.who == who && d.parallel == k)
+        };
+        let (ours, theirs) = (run("operator"), run("kubectl"));
+        let Some(any) = ours.or(theirs) else { continue };
+        let cell = |d: Option<&DrainRun>, api: bool| match d {
+            Some(d) => {
+                let mut c = format!(
+                    "{:.1} s, {:.2} eviction calls per evicted pod",
+                    d.seconds, d.eviction_calls_per_pod
+                );
+                if api && let Some(per_pod) = d.api_calls_per_pod {
+                    let _ = write!(c, ", {per_pod:.2} API calls per evicted pod");
+                }
+                c
+            }
+            None => "not run".into(),
+        };
+        let ratio = match (ours, theirs) {
+            (Some(o), Some(k)) if k.seconds > 0.0 => {
+                format!(" ({:.2}x kubectl's time)", o.seconds / k.seconds)
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            t,
+            "| Drain {} nodes ({} pods, PDBs), {k} at a time | {}{ratio} | {} |",
+            any.nodes,
+            any.pods,
+            cell(ours, true),
+            cell(theirs, false)
+        );
+    }
+    if let Some(largest) = report.rss.iter().max_by_key(|r| r.nodes) {
+        let _ = writeln!(
+            t,
+            "| Operator peak RSS, {} nodes / {} pods, {} drains | {:.1} MiB | – |",
+            largest.nodes, largest.pods, largest.requests, largest.rss_peak_mib
+        );
+    }
+    t
+}
+
+/// The newest report directory under `bench/` that has a README table (dated names sort in time).
+fn latest_readme_table(bench: &Path) -> Result<Option<(String, String)>> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(bench)
+        .with_context(|| format!("reading {}", bench.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("readme-table.md").is_file())
+        .collect();
+    dirs.sort();
+    let Some(dir) = dirs.pop() else {
+        return Ok(None);
+    };
+    let table = std::fs::read_to_string(dir.join("readme-table.md"))
+        .with_context(|| format!("reading {}/readme-table.md", dir.display()))?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(Some((name, table)))
+}
+
+/// README.md with its generated block replaced by `table`.
+fn readme_with_table(readme: &str, table: &str) -> Result<String> {
+    let (head, rest) = readme
+        .split_once(README_BEGIN)
+        .context("README.md has no generated performance table (its begin marker is missing)")?;
+    let (_, tail) = rest
+        .split_once(README_END)
+        .context("README.md's performance table has no end marker")?;
+    Ok(format!("{head}{README_BEGIN}\n{table}{README_END}{tail}"))
+}
+
+/// The README's performance table must be the one of the latest committed report.
+fn check_readme_table() -> Result<()> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme_path = repo.join("README.md");
+    let readme = std::fs::read_to_string(&readme_path).context("reading README.md")?;
+    let (name, table) = latest_readme_table(&repo.join("bench"))?
+        .context("no report under bench/ has a readme-table.md: run `make bench`")?;
+    let want = readme_with_table(&readme, &table)?;
+    ensure!(
+        want == readme,
+        "README.md's performance table differs from bench/{name}/readme-table.md, the latest \
+         report's: run `make bench`, which rewrites it, or copy that file between the markers"
+    );
+    Ok(())
+}
+
 fn write_report(report: &Report) -> Result<PathBuf> {
     let size = report.size.as_ref().map_or("unknown", |s| s.name.as_str());
     let date = report.started.get(..10).unwrap_or("unknown-date");
@@ -1565,6 +1877,21 @@ fn write_report(report: &Report) -> Result<PathBuf> {
         serde_json::to_string_pretty(report)? + "\n",
     )
     .with_context(|| format!("writing {}/report.json", dir.display()))?;
+    let dir_name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let table = readme_table(report, &dir_name);
+    std::fs::write(dir.join("readme-table.md"), &table)
+        .with_context(|| format!("writing {}/readme-table.md", dir.display()))?;
+    // A report in the repository's bench/ (`make bench`) becomes the README's table.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if dir.parent() == Some(repo.join("bench").as_path()) {
+        let readme_path = repo.join("README.md");
+        let readme = std::fs::read_to_string(&readme_path).context("reading README.md")?;
+        std::fs::write(&readme_path, readme_with_table(&readme, &table)?)
+            .context("writing README.md")?;
+    }
     Ok(dir)
 }
 
@@ -1588,6 +1915,8 @@ async fn workload<T>(
 
 async fn run() -> Result<()> {
     let size = Size::from_env()?;
+    // Before anything runs: a stale README table fails at once, not after the workloads.
+    check_readme_table()?;
     let progress = Progress {
         started: Instant::now(),
     };

@@ -52,6 +52,12 @@ pub enum SupervisorMsg {
     WindowOpening,
     /// An admission's writes (started by a round, not awaited by it) are answered.
     Admitted { uid: String, outcome: AdmitOutcome },
+    /// Pending writes (first status, owners, reasons) started by a round are answered, each
+    /// with the resourceVersion it wrote (`None`: nothing written); the cache's events for them
+    /// bring the next round.
+    Written {
+        written: Vec<(String, Option<String>)>,
+    },
 }
 
 /// How an admission's writes ended.
@@ -82,6 +88,11 @@ pub struct SupervisorState {
     /// Requests whose admission writes are in flight: counted as in maintenance too, so rounds
     /// run on without waiting for them and never admit past the limits meanwhile.
     admitting: HashSet<String>,
+    /// Pending requests with a write of ours in flight (`None`: first status, owners, reason),
+    /// or written at a resourceVersion the cache does not show yet: a round neither waits for
+    /// the write nor writes them again, nor admits them, until the cache shows it (a write
+    /// guarded by the version the cache shows would only conflict).
+    writing: HashMap<String, Option<String>>,
     /// Failed actors and when they may start again.
     restarts: HashMap<String, (u32, Instant)>,
     change_queued: Arc<AtomicBool>,
@@ -204,6 +215,7 @@ impl Actor for Supervisor {
             forwarded: HashMap::new(),
             admitted: HashSet::new(),
             admitting: HashSet::new(),
+            writing: HashMap::new(),
             restarts: HashMap::new(),
             change_queued: queued,
             log_level: None,
@@ -236,6 +248,19 @@ impl Actor for Supervisor {
                     // The cache's event for the Scheduled status brings the next round.
                     return Ok(());
                 }
+            }
+            SupervisorMsg::Written { written } => {
+                for (uid, version) in written {
+                    match version {
+                        Some(version) => {
+                            state.writing.insert(uid, Some(version));
+                        }
+                        None => {
+                            state.writing.remove(&uid);
+                        }
+                    }
+                }
+                return Ok(());
             }
         }
         round(&myself, state).await;
@@ -334,6 +359,18 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .filter_map(|r| r.uid())
         .collect();
     state.admitted.retain(|uid| pending_uids.contains(uid));
+    // Writes the cache now shows (or whose request is gone) no longer hold their request back.
+    let cached: HashMap<String, &NodeMaintenance> = requests
+        .iter()
+        .filter_map(|r| Some((r.uid()?, &**r)))
+        .collect();
+    state
+        .writing
+        .retain(|uid, written| match (cached.get(uid), written) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(request), Some(version)) => !lifecycle::shows_version(request, version),
+        });
 
     let nodes_by_name: HashMap<String, &Arc<Node>> =
         nodes.iter().map(|n| (n.name_any(), n)).collect();
@@ -423,7 +460,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             // not wait for them: the requests count as in maintenance until they are answered.
             for request in to_admit {
                 let Some(uid) = request.uid() else { continue };
-                if !state.admitting.insert(uid.clone()) {
+                if state.writing.contains_key(&uid) || !state.admitting.insert(uid.clone()) {
                     continue;
                 }
                 let ctx = ctx.clone();
@@ -478,7 +515,15 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                     entry.reason = collection::node_not_found_message(request, &policy);
                 }
             }
-            explain_waiting(&ctx, &mut state.explanations, &limits, &by_key, &waiting).await;
+            explain_waiting(
+                myself,
+                &ctx,
+                &mut state.explanations,
+                &mut state.writing,
+                &limits,
+                &by_key,
+                &waiting,
+            );
             first_reasons = waiting
                 .into_iter()
                 .map(|w| ((w.key.namespace, w.key.name), w.reason))
@@ -494,8 +539,15 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     // the admission's guarded patch conflict and cost a round); the others get Pending with
     // their reason in their first write.
     let busy: HashSet<String> = state.admitted.union(&state.admitting).cloned().collect();
-    let explained =
-        prepare_pending_requests(&ctx, &requests, &nodes_by_name, &busy, &first_reasons).await;
+    let explained = prepare_pending_requests(
+        myself,
+        &ctx,
+        &requests,
+        &nodes_by_name,
+        &busy,
+        &mut state.writing,
+        &first_reasons,
+    );
     for uid in explained {
         state.explanations.written(uid, now);
     }
@@ -638,9 +690,11 @@ fn update_phase_gauge(ctx: &Context, requests: &[Arc<NodeMaintenance>]) {
 /// A waiting request's Pending condition says why it waits (the scheduler's reason), so that
 /// `kubectl describe nm` answers "why is my request still Pending?". Which ones are rewritten now
 /// (throttled per request, but at once after a change of the limits) is decided in core.
-async fn explain_waiting(
+fn explain_waiting(
+    myself: &ActorRef<SupervisorMsg>,
     ctx: &Arc<Context>,
     explanations: &mut Explanations<String>,
+    writing: &mut HashMap<String, Option<String>>,
     limits: &Limits,
     by_key: &HashMap<(String, String), &Arc<NodeMaintenance>>,
     waiting: &[scheduler::Waiting],
@@ -671,30 +725,80 @@ async fn explain_waiting(
         });
         by_uid.insert(uid, (request, &entry.reason));
     }
+    // Requests with a write in flight stay in what the memory observes (or it would forget
+    // them and explain them again at once); they are only left out of this round's writes.
     let chosen = explanations.round(limits, &observed, jiff::Timestamp::now());
     let writes: Vec<(Arc<NodeMaintenance>, String)> = chosen
         .iter()
+        .filter(|uid| !writing.contains_key(*uid))
         .filter_map(|uid| by_uid.get(uid))
         .map(|(request, reason)| (Arc::clone(request), reason.to_string()))
         .collect();
-    futures::stream::iter(writes)
-        .for_each_concurrent(PARALLEL_WRITES, |(request, reason)| {
-            let ctx = ctx.clone();
-            async move {
-                match ctx
-                    .transition(&request, Phase::Pending, &reason, |_| {})
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(err) if is_conflict(&err) || is_not_found(&err) => {}
-                    Err(err) => {
-                        tracing::warn!(request = %request.key(), %err, "could not explain why it waits");
-                        ctx.error("pending");
-                    }
+    spawn_writes(
+        myself,
+        writing,
+        writes,
+        |ctx, (request, reason)| async move {
+            match ctx
+                .transition(&request, Phase::Pending, &reason, |_| {})
+                .await
+            {
+                Ok(written) => written.resource_version(),
+                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
+                Err(err) => {
+                    tracing::warn!(request = %request.key(), %err, "could not explain why it waits");
+                    ctx.error("pending");
+                    None
                 }
             }
-        })
-        .await;
+        },
+        ctx,
+    );
+}
+
+/// Runs `write` for each item, [`PARALLEL_WRITES`] at a time, in a task the round does not wait
+/// for. Each returns the resourceVersion it wrote, if any; its request counts as `writing` until
+/// the cache shows that version (or, when nothing was written, until the supervisor hears so,
+/// even if the task panicked).
+fn spawn_writes<T, F, Fut>(
+    myself: &ActorRef<SupervisorMsg>,
+    writing: &mut HashMap<String, Option<String>>,
+    items: Vec<(Arc<NodeMaintenance>, T)>,
+    write: F,
+    ctx: &Arc<Context>,
+) where
+    T: Send + 'static,
+    F: Fn(Arc<Context>, (Arc<NodeMaintenance>, T)) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Option<String>> + Send,
+{
+    if items.is_empty() {
+        return;
+    }
+    let uids: Vec<String> = items.iter().filter_map(|(r, _)| r.uid()).collect();
+    for uid in &uids {
+        writing.insert(uid.clone(), None);
+    }
+    let ctx = ctx.clone();
+    let writes = tokio::spawn(async move {
+        futures::stream::iter(items)
+            .map(|item| {
+                let uid = item.0.uid().unwrap_or_default();
+                let written = write(ctx.clone(), item);
+                async move { (uid, written.await) }
+            })
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect::<Vec<(String, Option<String>)>>()
+            .await
+    });
+    let supervisor = myself.clone();
+    tokio::spawn(async move {
+        let written = match writes.await {
+            Ok(written) => written,
+            // A panicked task wrote who knows what: release every request to the next round.
+            Err(_) => uids.into_iter().map(|uid| (uid, None)).collect(),
+        };
+        let _ = supervisor.cast(SupervisorMsg::Written { written });
+    });
 }
 
 /// New requests that the round did not admit get a Pending condition with the round's reason, so
@@ -702,18 +806,23 @@ async fn explain_waiting(
 /// every Pending request gets its Node as owner as soon as the node is known (in the same first
 /// write for a new one), so deleting the node garbage-collects requests that never started.
 /// Requests admitted but still shown Pending by the cache are left to `admit`.
-async fn prepare_pending_requests(
+fn prepare_pending_requests(
+    myself: &ActorRef<SupervisorMsg>,
     ctx: &Arc<Context>,
     requests: &[Arc<NodeMaintenance>],
     nodes_by_name: &HashMap<String, &Arc<Node>>,
     admitted: &HashSet<String>,
+    writing: &mut HashMap<String, Option<String>>,
     reasons: &HashMap<(String, String), String>,
 ) -> Vec<String> {
-    let mut work: Vec<(Arc<NodeMaintenance>, bool, Option<Vec<OwnerReference>>)> = Vec::new();
+    type Work = (bool, Option<Vec<OwnerReference>>, String);
+    let mut work: Vec<(Arc<NodeMaintenance>, Work)> = Vec::new();
     for request in requests {
         if request.is_deleting()
             || request.phase() != Phase::Pending
-            || request.uid().is_some_and(|uid| admitted.contains(&uid))
+            || request
+                .uid()
+                .is_some_and(|uid| admitted.contains(&uid) || writing.contains_key(&uid))
         {
             continue;
         }
@@ -723,45 +832,50 @@ async fn prepare_pending_requests(
             node_identity(nodes_by_name.get(&request.spec.node_name).copied()),
         );
         if is_new || owners.is_some() {
-            work.push((Arc::clone(request), is_new, owners));
+            let key = (request.namespace().unwrap_or_default(), request.name_any());
+            let reason = reasons
+                .get(&key)
+                .map_or("waiting for admission", String::as_str)
+                .to_string();
+            work.push((Arc::clone(request), (is_new, owners, reason)));
         }
     }
     // The new ones get their first reason in this write: the caller records it as explained.
     let explained: Vec<String> = work
         .iter()
-        .filter(|(_, is_new, _)| *is_new)
-        .filter_map(|(request, _, _)| request.uid())
+        .filter(|(_, (is_new, _, _))| *is_new)
+        .filter_map(|(request, _)| request.uid())
         .collect();
-    futures::stream::iter(work)
-        .for_each_concurrent(PARALLEL_WRITES, |(request, is_new, owners)| {
-            let ctx = ctx.clone();
-            async move {
-                let result = async {
-                    let request = match owners {
-                        Some(owners) => set_owners(&ctx, &request, &owners).await?,
-                        None => (*request).clone(),
-                    };
-                    if is_new {
-                        let key = (request.namespace().unwrap_or_default(), request.name_any());
-                        let reason = reasons
-                            .get(&key)
-                            .map_or("waiting for admission", String::as_str);
-                        ctx.transition(&request, Phase::Pending, reason, |_| {}).await?;
-                    }
-                    Ok::<(), kube::Error>(())
+    spawn_writes(
+        myself,
+        writing,
+        work,
+        |ctx, (request, (is_new, owners, reason))| async move {
+            let result = async {
+                let mut request = match owners {
+                    Some(owners) => set_owners(&ctx, &request, &owners).await?,
+                    None => (*request).clone(),
+                };
+                if is_new {
+                    request = ctx
+                        .transition(&request, Phase::Pending, &reason, |_| {})
+                        .await?;
                 }
-                .await;
-                match result {
-                    Ok(()) => {}
-                    Err(err) if is_conflict(&err) || is_not_found(&err) => {}
-                    Err(err) => {
-                        tracing::warn!(request = %request.key(), %err, "could not set Pending or the node as owner");
-                        ctx.error("pending");
-                    }
+                Ok::<NodeMaintenance, kube::Error>(request)
+            }
+            .await;
+            match result {
+                Ok(written) => written.resource_version(),
+                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
+                Err(err) => {
+                    tracing::warn!(request = %request.key(), %err, "could not set Pending or the node as owner");
+                    ctx.error("pending");
+                    None
                 }
             }
-        })
-        .await;
+        },
+        ctx,
+    );
     explained
 }
 

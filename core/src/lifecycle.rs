@@ -550,6 +550,21 @@ pub fn is_newer_version(candidate: &NodeMaintenance, current: &NodeMaintenance) 
     }
 }
 
+/// True when `request` (as a cache shows it) is at resourceVersion `version` or later: a write we
+/// made has reached the cache. Versions compare as numbers, as etcd's are; anything else counts as
+/// reached, so that nothing waits forever on a version it cannot compare.
+pub fn shows_version(request: &NodeMaintenance, version: &str) -> bool {
+    let shown = request
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    match (shown, version.parse::<u64>()) {
+        (Some(shown), Ok(written)) => shown >= written,
+        _ => true,
+    }
+}
+
 /// The node's recorded initial state: `Some(true)` if it was unschedulable before us.
 pub fn initial_state(request: &NodeMaintenance) -> Option<bool> {
     request

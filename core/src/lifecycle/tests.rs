@@ -387,6 +387,20 @@ fn a_released_request_needs_no_actor() {
     ));
 }
 
+#[test]
+fn a_write_is_shown_once_the_cache_reaches_its_version() {
+    let mut nm = request(Phase::Pending);
+    nm.metadata.resource_version = Some("10".into());
+    assert!(!shows_version(&nm, "11"), "the cache is behind our write");
+    assert!(shows_version(&nm, "10"));
+    assert!(shows_version(&nm, "9"), "and past it");
+    // Numbers compare as numbers, not text ("9" < "10").
+    nm.metadata.resource_version = Some("9".into());
+    assert!(!shows_version(&nm, "10"));
+    // A version that is not a number never holds anything back.
+    assert!(shows_version(&nm, "abc"));
+}
+
 // ---- the happy path, phase by phase ----
 
 /// The admission records the initial state; the Scheduled step then cordons and writes the phase
