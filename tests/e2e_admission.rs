@@ -12,6 +12,7 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use maintenance_crds::{Admission, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec};
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -38,6 +39,12 @@ async fn prefer_drainable_passes_over_a_blocked_drain() -> Result<()> {
     wait_nodes_ready(&client, &nodes, WAIT).await?;
     let ns = unique_name("drainable");
     create_namespace(&client, &ns).await?;
+    let account = "admission-operator";
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
+    )
+    .await?;
     // nodes[0] carries a pod behind a budget that allows no disruption; nodes[1] is empty.
     blocked_workload(&client, &ns, "guarded", &nodes[0], 1, WAIT).await?;
 
@@ -65,7 +72,7 @@ async fn prefer_drainable_passes_over_a_blocked_drain() -> Result<()> {
         },
     )
     .await?;
-    let _op = Operator::start(&testbed, &[]).await?;
+    let _op = Operator::start_as(&testbed, account, &[]).await?;
 
     let pdb = format!("PodDisruptionBudget {ns}/guarded");
     wait_until(
@@ -112,6 +119,7 @@ async fn prefer_drainable_passes_over_a_blocked_drain() -> Result<()> {
         blocked["reason"].as_str().is_some_and(|r| r.contains(&pdb)),
         "{blocked}"
     );
+    monitor.finish().await?;
     Ok(())
 }
 

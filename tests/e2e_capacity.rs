@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use maintenance_crds::{Admission, MaintenanceOperatorConfigSpec, Phase};
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -68,7 +69,13 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
         "precondition: one pod on each node, got {on_first:?} on {}",
         nodes[0]
     );
-    let op = Operator::start(&testbed, &[]).await?;
+    let account = "capacity-operator";
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
+    )
+    .await?;
+    let op = Operator::start_as(&testbed, account, &[]).await?;
 
     let mut spec = request_spec(&nodes[0], REQUESTOR);
     spec.drain_spec = drain_spec(false, 0);
@@ -147,5 +154,6 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
         "pods left on the drained node: {}",
         left.len()
     );
+    monitor.finish().await?;
     Ok(())
 }

@@ -11,11 +11,9 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -28,13 +26,13 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use maintenance_crds::{
     BlockedPod, DrainSpec, DrainStatus, MaintenanceOperatorConfigSpec, NodeMaintenance, Phase,
     PodEvictionFilterEntry,
 };
 use support::audit::{AuditLog, EvictionCall, seconds_between};
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -275,6 +273,7 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
 #[tokio::test]
 async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() -> Result<()> {
     let (client, ns, nodes) = setup("rollout", 3).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     let web = deployment(&ns, "web", 1, &ns, |spec| {
@@ -423,6 +422,7 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
     wait_pods_ready(&client, &ns, "app=web", 2, WAIT).await?;
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -432,6 +432,7 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
 #[tokio::test]
 async fn a_single_replica_times_out_naming_the_pdb_then_recovers_when_scaled() -> Result<()> {
     let (client, ns, nodes) = setup("solo", 2).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create(&client, &deployment(&ns, "solo", 1, &ns, |_| {})).await?;
@@ -510,6 +511,7 @@ async fn a_single_replica_times_out_naming_the_pdb_then_recovers_when_scaled() -
     wait_pod_gone(&client, &ns, &pod.name_any(), Some(&uid(&pod)), WAIT).await?;
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -518,6 +520,7 @@ async fn a_single_replica_times_out_naming_the_pdb_then_recovers_when_scaled() -
 #[tokio::test]
 async fn a_pod_under_two_pdbs_is_retried_and_reported_until_one_goes() -> Result<()> {
     let (client, ns, nodes) = setup("twopdb", 2).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create(&client, &deployment(&ns, "api", 1, &ns, |_| {})).await?;
@@ -582,6 +585,7 @@ async fn a_pod_under_two_pdbs_is_retried_and_reported_until_one_goes() -> Result
     assert_eq!(codes.iter().filter(|c| **c == 201).count(), 1);
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -596,6 +600,7 @@ async fn a_pod_under_two_pdbs_is_retried_and_reported_until_one_goes() -> Result
 async fn selection_skips_daemonset_and_mirror_pods_and_waits_for_force_and_delete_empty_dir()
 -> Result<()> {
     let (client, ns, nodes) = setup("select", 2).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create_daemonset(
@@ -878,6 +883,7 @@ async fn selection_skips_daemonset_and_mirror_pods_and_waits_for_force_and_delet
         .await?;
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -886,6 +892,7 @@ async fn selection_skips_daemonset_and_mirror_pods_and_waits_for_force_and_delet
 #[tokio::test]
 async fn a_terminating_pod_is_waited_for_and_not_evicted() -> Result<()> {
     let (client, ns, nodes) = setup("terminating", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     let held = BarePodOptions {
         labels: BTreeMap::from([("role".to_string(), "held".to_string())]),
@@ -938,6 +945,7 @@ async fn a_terminating_pod_is_waited_for_and_not_evicted() -> Result<()> {
     );
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -947,6 +955,7 @@ async fn a_terminating_pod_is_waited_for_and_not_evicted() -> Result<()> {
 #[tokio::test]
 async fn drain_status_counts_pods_gone_before_the_first_status_write() -> Result<()> {
     let (client, ns, nodes) = setup("counts", 2).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create_daemonset(
@@ -987,6 +996,7 @@ async fn drain_status_counts_pods_gone_before_the_first_status_write() -> Result
     assert_drain_counts(&drain(&ready), 4, 3);
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -994,6 +1004,7 @@ async fn drain_status_counts_pods_gone_before_the_first_status_write() -> Result
 #[tokio::test]
 async fn pod_selector_evicts_only_the_selected_pods() -> Result<()> {
     let (client, ns, nodes) = setup("podsel", 2).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create(&client, &deployment(&ns, "batch", 2, &ns, |_| {})).await?;
@@ -1028,6 +1039,7 @@ async fn pod_selector_evicts_only_the_selected_pods() -> Result<()> {
     }
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -1058,6 +1070,7 @@ async fn pod_eviction_filters_evict_only_pods_requesting_a_matching_resource() -
         nodes.push(name);
     }
     wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     let gpu = BTreeMap::from([("example.com/gpu".to_string(), Quantity("1".into()))]);
@@ -1113,6 +1126,7 @@ async fn pod_eviction_filters_evict_only_pods_requesting_a_matching_resource() -
     }
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -1170,7 +1184,13 @@ async fn the_eviction_rate_limit_holds_across_nodes() -> Result<()> {
     }
     set_node_label(&client, spare, POOL, Some(&ns)).await?;
 
-    let operator = Operator::start(&testbed, &[]).await?;
+    let account = "rate-operator";
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
+    )
+    .await?;
+    let operator = Operator::start_as(&testbed, account, &[]).await?;
     for (i, node) in drained.iter().enumerate() {
         let mut spec = request_spec(node, "rate.example.com");
         spec.drain_spec = drain_spec(false, 0);
@@ -1237,6 +1257,7 @@ async fn the_eviction_rate_limit_holds_across_nodes() -> Result<()> {
         Some(pods.len() as f64),
         "the operator counts what the API server saw"
     );
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -1256,195 +1277,6 @@ fn one_per_node_spread(app: &str) -> TopologySpreadConstraint {
 
 // ---------------------------------------------------------------------------------------------
 // Many nodes at once, under watch
-
-/// One status of a PDB as the checker saw it.
-#[derive(Clone, Debug)]
-struct PdbSeen {
-    at: Timestamp,
-    name: String,
-    resource_version: String,
-    current: bool,
-    current_healthy: i32,
-    desired_healthy: i32,
-    disruptions_allowed: i32,
-    expected_pods: i32,
-}
-
-/// Watches every PDB of `ns` and records each status it sees.
-fn watch_pdbs(
-    client: &Client,
-    ns: &str,
-) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<PdbSeen>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
-    let out = seen.clone();
-    let task = tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default());
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            let pdb = match event {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
-                _ => continue,
-            };
-            let Some(status) = pdb.status.as_ref() else {
-                continue;
-            };
-            let observation = PdbSeen {
-                at: Timestamp::now(),
-                name: pdb.name_any(),
-                resource_version: pdb.resource_version().unwrap_or_default(),
-                current: status.observed_generation >= pdb.metadata.generation,
-                current_healthy: status.current_healthy.unwrap_or(0),
-                desired_healthy: status.desired_healthy.unwrap_or(0),
-                disruptions_allowed: status.disruptions_allowed.unwrap_or(0),
-                expected_pods: status.expected_pods.unwrap_or(0),
-            };
-            if let Ok(mut seen) = out.lock() {
-                seen.push(observation);
-            }
-        }
-    });
-    (task, seen)
-}
-
-/// A fact about node availability, at the resourceVersion (etcd revision) that made it true.
-#[derive(Clone, Debug)]
-enum Availability {
-    /// The node is unschedulable or not Ready (or, `false`, neither).
-    Node {
-        name: String,
-        down: bool,
-    },
-    NodeGone {
-        name: String,
-    },
-    /// A request past Pending holds its node in maintenance (`node: None`: it does not).
-    Request {
-        name: String,
-        node: Option<String>,
-    },
-    RequestGone {
-        name: String,
-    },
-}
-
-/// Availability facts with the resourceVersion of each, as the checker recorded them.
-type Facts = Arc<Mutex<Vec<(u64, Availability)>>>;
-
-/// Watches Nodes and NodeMaintenances (all namespaces), recording every change with its
-/// resourceVersion. The two watches are separate streams, so their arrival order says nothing
-/// about which change happened first; resourceVersions are etcd revisions, one counter for all
-/// objects, and replaying the facts in that order gives the true sequence of states.
-fn watch_availability(client: &Client) -> (Vec<tokio::task::JoinHandle<()>>, Facts) {
-    let facts = Arc::new(Mutex::new(Vec::new()));
-    let rv = |meta: &ObjectMeta| {
-        meta.resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let nodes: Api<Node> = Api::all(client.clone());
-    let out = facts.clone();
-    let node_task = tokio::spawn(async move {
-        let stream = watcher(nodes, watcher::Config::default());
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            let fact = match event {
-                Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
-                    let unschedulable = n
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.unschedulable)
-                        .unwrap_or(false);
-                    let down = unschedulable || !node_is_ready(&n);
-                    (
-                        rv(&n.metadata),
-                        Availability::Node {
-                            name: n.name_any(),
-                            down,
-                        },
-                    )
-                }
-                Ok(watcher::Event::Delete(n)) => (
-                    rv(&n.metadata),
-                    Availability::NodeGone { name: n.name_any() },
-                ),
-                _ => continue,
-            };
-            if let Ok(mut facts) = out.lock() {
-                facts.push(fact);
-            }
-        }
-    });
-    let requests: Api<NodeMaintenance> = Api::all(client.clone());
-    let out = facts.clone();
-    let request_task = tokio::spawn(async move {
-        let stream = watcher(requests, watcher::Config::default());
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            let fact = match event {
-                Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r)) => {
-                    let node = (r.phase() != Phase::Pending).then(|| r.spec.node_name.clone());
-                    (
-                        rv(&r.metadata),
-                        Availability::Request {
-                            name: r.key(),
-                            node,
-                        },
-                    )
-                }
-                Ok(watcher::Event::Delete(r)) => {
-                    (rv(&r.metadata), Availability::RequestGone { name: r.key() })
-                }
-                _ => continue,
-            };
-            if let Ok(mut facts) = out.lock() {
-                facts.push(fact);
-            }
-        }
-    });
-    (vec![node_task, request_task], facts)
-}
-
-/// Replays the facts in resourceVersion order: the most nodes unavailable at once, and one
-/// moment at which that many were.
-fn most_unavailable(mut facts: Vec<(u64, Availability)>) -> (usize, BTreeSet<String>) {
-    facts.sort_by_key(|(rv, _)| *rv);
-    let mut down: BTreeMap<String, bool> = BTreeMap::new();
-    let mut held: BTreeMap<String, String> = BTreeMap::new();
-    let mut worst = (0, BTreeSet::new());
-    for (_, fact) in facts {
-        match fact {
-            Availability::Node { name, down: d } => {
-                down.insert(name, d);
-            }
-            Availability::NodeGone { name } => {
-                down.remove(&name);
-            }
-            Availability::Request { name, node } => match node {
-                Some(node) => {
-                    held.insert(name, node);
-                }
-                None => {
-                    held.remove(&name);
-                }
-            },
-            Availability::RequestGone { name } => {
-                held.remove(&name);
-            }
-        }
-        let now: BTreeSet<String> = down
-            .iter()
-            .filter(|(_, d)| **d)
-            .map(|(n, _)| n.clone())
-            .chain(held.values().cloned())
-            .collect();
-        if now.len() > worst.0 {
-            worst = (now.len(), now);
-        }
-    }
-    worst
-}
 
 fn env_size(name: &str, default: usize) -> Result<usize> {
     match std::env::var(name) {
@@ -1466,7 +1298,8 @@ fn env_size(name: &str, default: usize) -> Result<usize> {
 /// one replica per drained node and a PodDisruptionBudget, so every budget is contended by every
 /// node in maintenance at once. The requestor releases each node once Ready.
 ///
-/// Checked over the whole run (the checkers watch from before the first request): no PDB's currentHealthy ever below its desiredHealthy, every accepted
+/// Checked over the whole run (the invariant monitor watches from before the first request): no
+/// PDB's currentHealthy below its desiredHealthy while a node is in maintenance, every accepted
 /// eviction charged to a budget that allowed it, no pod deleted behind the budgets' back, and
 /// never more nodes unavailable than maxUnavailable. Printed: the wall time to all Ready, eviction
 /// calls per evicted pod, and the delay between a budget allowing a disruption again and our next
@@ -1582,16 +1415,14 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
     )
     .await?;
 
-    let (pdb_task, pdb_seen) = watch_pdbs(&client, &ns);
-    let (availability_tasks, facts) = watch_availability(&client);
-    let operator = Operator::start(&testbed, &[]).await?;
-    // The checkers have their initial lists before the first request exists.
-    wait_for("the checkers to see the cluster", WAIT, || async {
-        let pdbs_seen = pdb_seen.lock().map(|s| s.len()).unwrap_or(0);
-        let facts_seen = facts.lock().map(|f| f.len()).unwrap_or(0);
-        Ok((pdbs_seen >= apps.len() && facts_seen >= drained.len() + spares.len()).then_some(()))
-    })
+    // The monitor has its initial lists before the first request exists.
+    let account = "scale-operator";
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &drained).operator_user(service_account_user(account)),
+    )
     .await?;
+    let operator = Operator::start_as(&testbed, account, &[]).await?;
 
     let started = Instant::now();
     for (i, node) in drained.iter().enumerate() {
@@ -1644,39 +1475,38 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
             "{node} left cordoned"
         );
     }
-    pdb_task.abort();
-    for task in availability_tasks {
-        task.abort();
-    }
-    let pdb_seen: Vec<PdbSeen> = pdb_seen.lock().map(|s| s.clone()).unwrap_or_default();
-    let facts: Vec<(u64, Availability)> = facts.lock().map(|f| f.clone()).unwrap_or_default();
+    // 1. A budget's healthy count never below its desired count (the monitor's check, while a
+    //    request is in progress). In this test only our evictions take pods away: the test
+    //    deletes none, KWOK never fails one, nothing rolls out, and the replicas (hence
+    //    desiredHealthy) never change. The API server charges every accepted eviction to the
+    //    budget at once (disruptionsAllowed - 1, the pod in disruptedPods), and the disruption
+    //    controller leaves such pods out of currentHealthy, so a replacement that is slow to
+    //    become Ready lowers nothing: it only delays the next disruptionsAllowed >= 1. Hence any
+    //    currentHealthy < desiredHealthy came from a pod taken away without being charged to its
+    //    budget — by us. The monitor also holds maxUnavailable at every admission, and finds no
+    //    pod deleted by the operator's identity instead of evicted.
+    let report = monitor.finish().await?;
     let audit = AuditLog::read(&testbed)?.in_namespace(&ns);
     let pdb_of = |pod: &str| pod.split('-').next().unwrap_or_default().to_string();
 
-    // 1. A budget's healthy count never below its desired count. In this test only our evictions
-    //    take pods away: the test deletes none, KWOK never fails one, nothing rolls out, and the
-    //    replicas (hence desiredHealthy) never change. The API server charges every accepted
-    //    eviction to the budget at once (disruptionsAllowed - 1, the pod in disruptedPods), and
-    //    the disruption controller leaves such pods out of currentHealthy, so a replacement that is
-    //    slow to become Ready lowers nothing: it only delays the next disruptionsAllowed >= 1.
-    //    Hence any currentHealthy < desiredHealthy seen here came from a pod taken away without
-    //    being charged to its budget — by us.
-    let dips: Vec<&PdbSeen> = pdb_seen
-        .iter()
-        .filter(|s| s.current && s.expected_pods > 0 && s.current_healthy < s.desired_healthy)
-        .collect();
     // 2. Every accepted eviction was charged to the pod's budget, which allowed it: the API
     //    server's own status write for it names the pod in disruptedPods, and the version that
-    //    write was based on (as the checker saw it) had disruptionsAllowed >= 1. Comparing by
+    //    write was based on (as the monitor saw it) had disruptionsAllowed >= 1. Comparing by
     //    resourceVersion rather than by time avoids a race: the operator may hear of a budget's
-    //    change before the checker does.
-    let allowed_at: HashMap<(String, String), i32> = pdb_seen
+    //    change before the monitor does.
+    let allowed_at: HashMap<(String, String), i32> = report
+        .pdb_states
         .iter()
-        .map(|s| {
-            (
-                (s.name.clone(), s.resource_version.clone()),
-                s.disruptions_allowed,
-            )
+        .filter_map(|e| match &e.observed {
+            Observed::Pdb {
+                name,
+                disruptions_allowed,
+                ..
+            } => Some((
+                (name.clone(), e.resource_version.to_string()),
+                *disruptions_allowed,
+            )),
+            _ => None,
         })
         .collect();
     let mut uncharged = Vec::new();
@@ -1708,15 +1538,8 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
             None => unverified += 1,
         }
     }
-    // 3. Nobody with the operator's identity deleted a pod directly (bypassing the budgets).
-    let deletes: Vec<String> = audit
-        .pod_deletions
-        .iter()
-        .filter(|d| d.user == ADMIN_USER)
-        .map(|d| d.pod.clone())
-        .collect();
-    // 4. maxUnavailable held.
-    let (most, when) = most_unavailable(facts);
+    // 3. maxUnavailable held over the whole run, not only at admissions.
+    let (most, when) = (report.peak_unavailable, &report.peak_unavailable_nodes);
 
     // The figures.
     let calls = audit.evictions.len();
@@ -1763,16 +1586,11 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
         p90_delay.map_or("-".into(), |d| format!("{:.0}", d * 1000.0)),
     );
     println!(
-        "scale: checker saw {} PDB states (min currentHealthy - desiredHealthy {}), \
+        "scale: monitor saw {} PDB states (lowest currentHealthy - desiredHealthy {:?}), \
          at most {most} nodes unavailable at once (limit {max_unavailable}): {when:?}; \
-         {unverified} accepted evictions without the budget version seen by the checker",
-        pdb_seen.len(),
-        pdb_seen
-            .iter()
-            .filter(|s| s.current)
-            .map(|s| s.current_healthy - s.desired_healthy)
-            .min()
-            .unwrap_or_default(),
+         {unverified} accepted evictions without the budget version seen by the monitor",
+        report.pdb_states.len(),
+        report.lowest_pdb_margin,
     );
 
     assert_eq!(
@@ -1782,17 +1600,6 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
     );
     assert_eq!(accepted.len(), total, "one accepted eviction per pod");
     assert!(
-        dips.is_empty(),
-        "PDBs below their desired healthy count: {:?}",
-        dips.iter()
-            .take(10)
-            .map(|s| format!(
-                "{} at {}: currentHealthy {} desiredHealthy {} (resourceVersion {})",
-                s.name, s.at, s.current_healthy, s.desired_healthy, s.resource_version
-            ))
-            .collect::<Vec<_>>()
-    );
-    assert!(
         uncharged.is_empty(),
         "accepted evictions not charged to a PDB: {uncharged:?}"
     );
@@ -1800,7 +1607,6 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
         over_budget.is_empty(),
         "evictions accepted while the PDB allowed none: {over_budget:?}"
     );
-    assert!(deletes.is_empty(), "pods deleted, not evicted: {deletes:?}");
     assert!(
         most <= max_unavailable,
         "{most} nodes unavailable at once with maxUnavailable {max_unavailable}: {when:?}"

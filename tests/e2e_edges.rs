@@ -25,6 +25,7 @@ use maintenance_crds::{
     DrainSpec, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, Phase,
     WaitForPodCompletionSpec, condition_type,
 };
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -205,6 +206,7 @@ async fn limited_cluster(
 async fn deletion_while_draining_ignores_additional_requestors_but_deletion_when_ready_waits()
 -> Result<()> {
     let (client, ns, nodes) = setup("edge-addreq", 2).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let (client, ns) = (&client, ns.as_str());
 
     let while_draining = async {
@@ -281,9 +283,10 @@ async fn deletion_while_draining_ignores_additional_requestors_but_deletion_when
         );
         wait_for("the phase Events", WAIT, || async {
             let reasons = event_reasons(client, ns, "test-nm").await?;
+            // No Cordon: the Scheduled step cordons and writes the next phase.
             let all = [
                 "Pending",
-                "Cordon",
+                "Scheduled",
                 "WaitForPodCompletion",
                 "Draining",
                 "Ready",
@@ -331,6 +334,7 @@ async fn deletion_while_draining_ignores_additional_requestors_but_deletion_when
     };
 
     tokio::try_join!(while_draining, when_ready)?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -344,6 +348,7 @@ async fn deletion_while_draining_ignores_additional_requestors_but_deletion_when
 #[tokio::test]
 async fn deletion_while_waiting_for_pod_completion_uncordons_and_releases_at_once() -> Result<()> {
     let (client, ns, nodes) = setup("edge-waitdel", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let node = &nodes[0];
     let pod = running_bare_pod(&client, &ns, "forever", node, &[("role", "batch")]).await?;
     let mut spec = request_spec(node, "wait.example.com");
@@ -384,6 +389,7 @@ async fn deletion_while_waiting_for_pod_completion_uncordons_and_releases_at_onc
             .any(|p| p.metadata.uid == pod.metadata.uid && p.metadata.deletion_timestamp.is_none()),
         "the pod waited for was touched by the cleanup"
     );
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -399,6 +405,7 @@ async fn deletion_while_waiting_for_pod_completion_uncordons_and_releases_at_onc
 #[tokio::test]
 async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> {
     let (testbed, client, ns, nodes) = limited_cluster("edge-gone", 3).await?;
+    let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     let (client, ns) = (&client, ns.as_str());
     blocked_workload(client, ns, "held", &nodes[0], 2, WAIT).await?;
     let operator = Operator::start(&testbed, &[]).await?;
@@ -512,6 +519,7 @@ async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> 
     wait_request_gone(client, ns, "next", WAIT)
         .await
         .context("a held deletion must be released when the node is gone")?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -524,6 +532,7 @@ async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> 
 #[tokio::test]
 async fn removing_wait_for_pod_completion_or_drain_spec_mid_phase_moves_on() -> Result<()> {
     let (client, ns, nodes) = setup("edge-specrm", 2).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let (client, ns) = (&client, ns.as_str());
 
     let wait_then_ready = async {
@@ -627,6 +636,7 @@ async fn removing_wait_for_pod_completion_or_drain_spec_mid_phase_moves_on() -> 
     };
 
     tokio::try_join!(wait_then_ready, wait_then_drain_then_ready)?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -644,6 +654,7 @@ async fn removing_wait_for_pod_completion_or_drain_spec_mid_phase_moves_on() -> 
 #[tokio::test]
 async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -> Result<()> {
     let (client, ns, nodes) = setup("edge-reqfail", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let node = &nodes[0];
     let pod = running_bare_pod(&client, &ns, "job", node, &[("role", "batch")]).await?;
     let mut spec = request_spec(node, "flaky.example.com");
@@ -744,6 +755,7 @@ async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -
         !node_unschedulable(&client, node).await?,
         "{node} left cordoned"
     );
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -756,6 +768,7 @@ async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -
 #[tokio::test]
 async fn drain_timeout_is_reported_after_an_invalid_spec_was_fixed() -> Result<()> {
     let (client, ns, nodes) = setup("edge-timeout", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let node = &nodes[0];
     blocked_workload(&client, &ns, "held", node, 1, WAIT).await?;
     let mut spec = request_spec(node, "timeout.example.com");
@@ -787,6 +800,7 @@ async fn drain_timeout_is_reported_after_an_invalid_spec_was_fixed() -> Result<(
         "the DrainTimeout message does not name the PDB: {message}"
     );
     delete_request(&client, &ns, "m").await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -799,6 +813,7 @@ async fn drain_timeout_is_reported_after_an_invalid_spec_was_fixed() -> Result<(
 #[tokio::test]
 async fn pods_arriving_during_a_drain_do_not_hold_it() -> Result<()> {
     let (client, ns, nodes) = setup("edge-arrive", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let (client, ns) = (&client, ns.as_str());
     let node = &nodes[0];
     let labels = [("app", "sticky")];
@@ -862,6 +877,7 @@ async fn pods_arriving_during_a_drain_do_not_hold_it() -> Result<()> {
         "{node} cordoned despite cordon: false"
     );
     delete_request(client, ns, "m").await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -874,6 +890,7 @@ async fn pods_arriving_during_a_drain_do_not_hold_it() -> Result<()> {
 #[tokio::test]
 async fn a_request_with_an_unknown_ready_reason_holds_a_slot() -> Result<()> {
     let (testbed, client, ns, nodes) = limited_cluster("edge-unknown", 2).await?;
+    let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     let (client, ns) = (&client, ns.as_str());
     // The older request, on the first node: first in every tie-break of the admission order, so
     // the one admitted if the unknown one counted as Pending.
@@ -945,5 +962,6 @@ async fn a_request_with_an_unknown_ready_reason_holds_a_slot() -> Result<()> {
     wait_phase(client, ns, "older", Phase::Ready, WAIT)
         .await
         .context("the slot must be free once the unknown request is gone")?;
+    monitor.finish().await?;
     Ok(())
 }

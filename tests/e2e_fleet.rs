@@ -23,6 +23,7 @@ use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, Budget, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec,
     MaintenanceWindow, NodeMaintenance, Phase,
 };
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -85,6 +86,7 @@ async fn two_zones_one_zone_at_a_time() -> Result<()> {
     wait_nodes_ready(&client, &all, WAIT).await?;
     let ns = unique_name("zones");
     create_namespace(&client, &ns).await?;
+    let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &all)).await?;
     let op = Operator::start(&testbed, &[]).await?;
 
     let zone_of: HashMap<String, String> = zone_a
@@ -171,6 +173,7 @@ async fn two_zones_one_zone_at_a_time() -> Result<()> {
         max_zones.load(Ordering::SeqCst) == 1,
         "both zones were in maintenance at once"
     );
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -194,6 +197,7 @@ async fn a_window_that_opens_during_the_test() -> Result<()> {
     wait_nodes_ready(&client, &nodes, WAIT).await?;
     let ns = unique_name("window");
     create_namespace(&client, &ns).await?;
+    let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     // No safety-net tick during the test: admission must start because the window opened.
     let op = Operator::start(&testbed, &["--tick-seconds", "600"]).await?;
 
@@ -275,6 +279,7 @@ async fn a_window_that_opens_during_the_test() -> Result<()> {
         seen.duration_since(opening)
     );
     drop(op);
+    monitor.finish().await?;
     Ok(())
 }
 

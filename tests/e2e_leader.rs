@@ -23,6 +23,7 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use maintenance_crds::Phase;
 use support::audit::{AuditLog, WriteCall, seconds_between};
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -180,7 +181,9 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
     assert_eq!(second.metric("maintenance_operator_leader").await?, 0.0);
     assert_eq!(first.metric("maintenance_operator_leader").await?, 1.0);
 
-    let (max_seen, checker) = track_max_in_maintenance(client.clone(), ns.clone());
+    // Both replicas write as themselves; the monitor's audit check takes one identity, and no pod
+    // is drained here, so it runs without one.
+    let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     for (i, node) in nodes.iter().enumerate() {
         create_request(
             &client,
@@ -263,8 +266,7 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
          shows none of its Lease and NodeMaintenance writes: {}",
         describe_writes(&standby_writes)
     );
-    checker.abort();
-    let max = max_seen.load(Ordering::SeqCst);
+    let max = monitor.finish().await?.peak_in_maintenance;
     ensure!(
         max <= 2,
         "{max} nodes in maintenance at once with maxParallelOperations=2"
@@ -474,6 +476,12 @@ async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Re
     )
     .await?;
     let renewer = Renewer::start(client.clone(), OPERATOR_NAMESPACE, OUR_LEASE, -an_hour);
+    let identity = "lagging-standby";
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes).operator_user(service_account_user(identity)),
+    )
+    .await?;
     create_request(
         &client,
         &ns,
@@ -483,7 +491,6 @@ async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Re
     .await?;
 
     let lease_seconds = SKEW_LEASE_SECONDS.to_string();
-    let identity = "lagging-standby";
     let operator = Operator::start_as(
         &testbed,
         identity,
@@ -578,6 +585,7 @@ async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Re
         takeover.describe()
     );
     ensure_conditional(&writes, &user)?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -593,6 +601,7 @@ async fn troubleshooting_patch_max_unavailable_zero_works_verbatim() -> Result<(
     cordon_node(&client, &nodes[0]).await?;
     let ns = unique_name("ts");
     create_namespace(&client, &ns).await?;
+    let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     let op = Operator::start(&testbed, &[]).await?;
 
     let status = Command::new("kubectl")
@@ -634,5 +643,6 @@ async fn troubleshooting_patch_max_unavailable_zero_works_verbatim() -> Result<(
         .context("request on-healthy")?;
     assert_eq!(healthy.phase(), Phase::Pending);
     assert!(!node_unschedulable(&client, &nodes[1]).await?);
+    monitor.finish().await?;
     Ok(())
 }

@@ -4,7 +4,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -15,6 +14,7 @@ use kube::{Client, ResourceExt};
 use maintenance_crds::{
     FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, Phase, WaitForPodCompletionSpec,
 };
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -54,6 +54,7 @@ async fn event_reasons(client: &Client, ns: &str, request: &str) -> Result<Vec<S
 #[tokio::test]
 async fn full_lifecycle_cordons_drains_and_uncordons() -> Result<()> {
     let (client, ns, nodes) = setup("life", 3).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let target = &nodes[0];
     let labels = [("app", "web")];
     // Pods start on the target only; the label then goes to the other nodes too, so that
@@ -112,13 +113,18 @@ async fn full_lifecycle_cordons_drains_and_uncordons() -> Result<()> {
     );
     let reasons = wait_for("the phase events", WAIT, || async {
         let reasons = event_reasons(&client, &ns, "maint").await?;
-        let all = ["Pending", "Scheduled", "Cordon", "Draining", "Ready"]
+        let all = ["Pending", "Scheduled", "Draining", "Ready"]
             .iter()
             .all(|r| reasons.iter().any(|x| x == r));
         Ok(all.then_some(reasons))
     })
     .await?;
-    assert!(!reasons.iter().any(|r| r == "WaitForPodCompletion"));
+    // Cordon is done by the Scheduled step, without a phase of its own.
+    assert!(
+        !reasons
+            .iter()
+            .any(|r| r == "WaitForPodCompletion" || r == "Cordon")
+    );
 
     delete_request(&client, &ns, "maint").await?;
     wait_request_gone(&client, &ns, "maint", WAIT).await?;
@@ -126,12 +132,14 @@ async fn full_lifecycle_cordons_drains_and_uncordons() -> Result<()> {
         !node_unschedulable(&client, target).await?,
         "node uncordoned"
     );
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
     let (client, ns, nodes) = setup("nocordon", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let mut spec = request_spec(&nodes[0], "nocordon.example.com");
     spec.cordon = Some(false);
     create_request(&client, &ns, "m", spec).await?;
@@ -141,12 +149,14 @@ async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
     assert!(!node_unschedulable(&client, &nodes[0]).await?);
     delete_request(&client, &ns, "m").await?;
     wait_request_gone(&client, &ns, "m", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn additional_requestors_keep_the_node_until_they_let_go() -> Result<()> {
     let (client, ns, nodes) = setup("shared", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let mut spec = request_spec(&nodes[0], "first.example.com");
     spec.additional_requestors = Some(vec!["second.example.com".into()]);
     create_request(&client, &ns, "m", spec).await?;
@@ -173,12 +183,14 @@ async fn additional_requestors_keep_the_node_until_they_let_go() -> Result<()> {
         .await?;
     wait_request_gone(&client, &ns, "m", WAIT).await?;
     assert!(!node_unschedulable(&client, &nodes[0]).await?);
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn requestor_failed_is_mirrored_into_the_phase() -> Result<()> {
     let (client, ns, nodes) = setup("reqfail", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     create_request(
         &client,
         &ns,
@@ -216,12 +228,14 @@ async fn requestor_failed_is_mirrored_into_the_phase() -> Result<()> {
     delete_request(&client, &ns, "m").await?;
     wait_request_gone(&client, &ns, "m", WAIT).await?;
     assert!(!node_unschedulable(&client, &nodes[0]).await?);
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn deleting_the_node_removes_its_requests() -> Result<()> {
     let (client, ns, nodes) = setup("nodegone", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     create_request(
         &client,
         &ns,
@@ -234,12 +248,14 @@ async fn deleting_the_node_removes_its_requests() -> Result<()> {
         .delete(&nodes[0], &Default::default())
         .await?;
     wait_request_gone(&client, &ns, "m", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn wait_for_pod_completion_times_out_and_moves_on() -> Result<()> {
     let (client, ns, nodes) = setup("waitpods", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
     let labels = BTreeMap::from([("role".to_string(), "batch".to_string())]);
     create_bare_pod(
         &client,
@@ -286,6 +302,7 @@ async fn wait_for_pod_completion_times_out_and_moves_on() -> Result<()> {
             .then_some(()))
     })
     .await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -330,10 +347,16 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
         .await
         .context("precondition: the PodDisruptionBudget of app-0 must allow no disruption")?;
 
-    // The watcher: the most nodes in maintenance ever seen at once.
-    let (max_seen, checker) = track_max_in_maintenance(client.clone(), ns.clone());
+    // The monitor checks every state the API server shows (maxParallelOperations at each
+    // admission, PDBs, cordons) and, with the operator under its own identity, the audit log.
+    let account = "crash-operator";
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
+    )
+    .await?;
 
-    let mut operator = Operator::start(&testbed, &[]).await?;
+    let mut operator = Operator::start_as(&testbed, account, &[]).await?;
     for (i, node) in nodes.iter().take(6).enumerate() {
         let mut spec = request_spec(node, "crash.example.com");
         spec.drain_spec = drain_spec(true, 0);
@@ -378,8 +401,8 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
         )
         .await?;
     release_all_when_ready(&client, &ns, Duration::from_secs(240)).await?;
-    checker.abort();
-    let max = max_seen.load(Ordering::SeqCst);
+    let report = monitor.finish().await?;
+    let max = report.peak_in_maintenance;
     assert!(
         max <= 2,
         "{max} nodes were in maintenance at once with maxParallelOperations=2"

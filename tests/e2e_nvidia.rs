@@ -29,6 +29,7 @@ use maintenance_crds::{
 };
 use serde_json::json;
 use support::audit::AuditLog;
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 use tokio::sync::OnceCell;
@@ -120,6 +121,8 @@ fn ago(seconds: i64) -> jiff::Timestamp {
 #[tokio::test]
 async fn garbage_collection_deletes_an_old_ready_request_and_spares_an_ignored_one() -> Result<()> {
     let (client, ns, nodes) = collecting_setup("gc", 2).await?;
+    let monitor =
+        InvariantMonitor::start(Testbed::shared().await?, Scope::new(&ns, &nodes)).await?;
     let cluster = collecting_cluster().await?;
     let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
     create_request(
@@ -179,12 +182,14 @@ async fn garbage_collection_deletes_an_old_ready_request_and_spares_an_ignored_o
     delete_request(&client, &ns, "kept").await?;
     wait_request_gone(&client, &ns, "kept", WAIT).await?;
     ensure!(!node_unschedulable(&client, &nodes[1]).await?);
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn a_request_for_a_missing_node_is_explained_then_collected() -> Result<()> {
     let (client, ns, _) = collecting_setup("ghost", 0).await?;
+    let monitor = InvariantMonitor::start(Testbed::shared().await?, Scope::new(&ns, &[])).await?;
     let cluster = collecting_cluster().await?;
     let ghost = unique_name("ghost-node");
     let late_prefix = unique_name("late-node");
@@ -225,8 +230,10 @@ async fn a_request_for_a_missing_node_is_explained_then_collected() -> Result<()
     ensure!(pending.phase() == Phase::Pending, "{}", describe(&pending));
     wait_request_gone(&client, &ns, "ghost", WAIT).await?;
     let waited = created.elapsed();
+    // The grace counts from creationTimestamp, which the API server keeps in whole seconds: up
+    // to a second before our clock's creation.
     ensure!(
-        waited >= Duration::from_secs(COLLECT_AFTER_SECONDS),
+        waited + Duration::from_secs(1) >= Duration::from_secs(COLLECT_AFTER_SECONDS),
         "collected after {waited:?}, before the grace of {COLLECT_AFTER_SECONDS}s"
     );
     let note = wait_event(&client, &ns, "ghost", "GarbageCollected").await?;
@@ -241,6 +248,7 @@ async fn a_request_for_a_missing_node_is_explained_then_collected() -> Result<()
     wait_phase(&client, &ns, "late", Phase::Ready, WAIT).await?;
     delete_request(&client, &ns, "late").await?;
     wait_request_gone(&client, &ns, "late", WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -250,6 +258,8 @@ async fn a_request_for_a_missing_node_is_explained_then_collected() -> Result<()
 #[tokio::test]
 async fn the_api_server_refuses_a_requestor_id_nvidia_refuses() -> Result<()> {
     let (client, ns, nodes) = collecting_setup("rid", 1).await?;
+    let monitor =
+        InvariantMonitor::start(Testbed::shared().await?, Scope::new(&ns, &nodes)).await?;
     let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
     let cases = [
         ("x", "at least 2"),
@@ -283,12 +293,15 @@ async fn the_api_server_refuses_a_requestor_id_nvidia_refuses() -> Result<()> {
             .with_context(|| format!("requestorID {requestor:?} must be accepted"))?;
         delete_request(&client, &ns, &nm.name_any()).await?;
     }
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn requests_can_be_selected_by_node_name_and_requestor_id() -> Result<()> {
     let (client, ns, nodes) = collecting_setup("sel", 3).await?;
+    let monitor =
+        InvariantMonitor::start(Testbed::shared().await?, Scope::new(&ns, &nodes)).await?;
     let cluster = collecting_cluster().await?;
     let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
     for (i, (node, requestor)) in [
@@ -330,6 +343,7 @@ async fn requests_can_be_selected_by_node_name_and_requestor_id() -> Result<()> 
         "kubectl printed {out:?}"
     );
     release_all_when_ready(&client, &ns, WAIT).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -421,6 +435,12 @@ async fn every_mid_flight_nvidia_shape_is_adopted_and_finishes_without_early_tim
     create_namespace(&client, &ns).await?;
     let nodes = create_nodes(&client, &unique_name("adopt"), 8, &[]).await?;
     wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let account = "adopter";
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
+    )
+    .await?;
     let [
         scheduled,
         cordon,
@@ -566,7 +586,6 @@ async fn every_mid_flight_nvidia_shape_is_adopted_and_finishes_without_early_tim
         .delete("deleting", &DeleteParams::default())
         .await?;
 
-    let account = "adopter";
     let mut operator = Operator::start_as(&testbed, account, &[]).await?;
     let adopted_from = jiff::Timestamp::now();
 
@@ -696,5 +715,6 @@ async fn every_mid_flight_nvidia_shape_is_adopted_and_finishes_without_early_tim
         .await?;
     ensure!(adopted >= 6.0, "adopted counter {adopted}");
     operator.kill();
+    monitor.finish().await?;
     Ok(())
 }

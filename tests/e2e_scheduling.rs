@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Result;
 use kube::Client;
 use maintenance_crds::{MaintenanceOperatorConfigSpec, NodeMaintenanceSpec, Phase};
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -44,6 +45,19 @@ async fn cluster(
         nodes: names,
         ns,
     })
+}
+
+/// The operator's ServiceAccount: the audit log tells its calls apart.
+const OPERATOR_ACCOUNT: &str = "sched-operator";
+
+/// The invariant monitor over the whole (own) cluster, limits included, started before the
+/// operator and the first request.
+async fn monitor(c: &Cluster) -> Result<InvariantMonitor> {
+    InvariantMonitor::start(
+        &c.testbed,
+        Scope::new(&c.ns, &c.nodes).operator_user(service_account_user(OPERATOR_ACCOUNT)),
+    )
+    .await
 }
 
 /// Creates one request per (name, node, requestor), in order.
@@ -96,7 +110,8 @@ async fn admitted_settles_at(c: &Cluster, op: &Operator, expected: usize) -> Res
 async fn example_one_max_parallel_limits_admission() -> Result<()> {
     // 10 nodes, maxParallelOperations=2, maxUnavailable=5, 5 pending -> 2 scheduled.
     let c = cluster(10, 0, limits(2, 5)).await?;
-    let op = Operator::start(&c.testbed, &[]).await?;
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
     let specs: Vec<(String, String)> = (0..5)
         .map(|i| (format!("r{i}"), c.nodes[i].clone()))
         .collect();
@@ -120,6 +135,7 @@ async fn example_one_max_parallel_limits_admission() -> Result<()> {
         },
     )
     .await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -128,7 +144,8 @@ async fn example_two_max_unavailable_counts_unavailable_nodes() -> Result<()> {
     // 10 nodes of which 2 unavailable, maxParallelOperations=5, maxUnavailable=3,
     // 3 pending on available nodes -> 1 scheduled.
     let c = cluster(10, 2, limits(5, 3)).await?;
-    let op = Operator::start(&c.testbed, &[]).await?;
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
     let n = &c.nodes;
     requests(
         &c,
@@ -140,6 +157,7 @@ async fn example_two_max_unavailable_counts_unavailable_nodes() -> Result<()> {
     )
     .await?;
     admitted_settles_at(&c, &op, 1).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -148,7 +166,8 @@ async fn requests_on_unavailable_nodes_do_not_use_up_max_unavailable() -> Result
     // availableSlots=3 (maxParallelOperations=3), canBecomeUnavailable=1 (maxUnavailable=3 with 2
     // nodes cordoned): 2 requests on the unavailable nodes + 1 on an available node -> 3.
     let c = cluster(10, 2, limits(3, 3)).await?;
-    let op = Operator::start(&c.testbed, &[]).await?;
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
     let n = &c.nodes;
     requests(
         &c,
@@ -168,6 +187,7 @@ async fn requests_on_unavailable_nodes_do_not_use_up_max_unavailable() -> Result
     }
     assert!(node_unschedulable(&c.client, &n[0]).await?);
     assert!(node_unschedulable(&c.client, &n[1]).await?);
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -175,7 +195,8 @@ async fn requests_on_unavailable_nodes_do_not_use_up_max_unavailable() -> Result
 async fn requests_on_available_nodes_are_bounded_by_can_become_unavailable() -> Result<()> {
     // Same limits, 3 requests on available nodes -> 1.
     let c = cluster(10, 2, limits(3, 3)).await?;
-    let op = Operator::start(&c.testbed, &[]).await?;
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
     let n = &c.nodes;
     requests(
         &c,
@@ -187,13 +208,15 @@ async fn requests_on_available_nodes_are_bounded_by_can_become_unavailable() -> 
     )
     .await?;
     admitted_settles_at(&c, &op, 1).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn max_unavailable_zero_only_lets_already_unavailable_nodes_proceed() -> Result<()> {
     let c = cluster(10, 2, limits(5, 0)).await?;
-    let op = Operator::start(&c.testbed, &[]).await?;
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
     let n = &c.nodes;
     requests(
         &c,
@@ -215,13 +238,15 @@ async fn max_unavailable_zero_only_lets_already_unavailable_nodes_proceed() -> R
     // Lifting the limit lets the others go, without a restart.
     set_config(&c.client, limits(5, 4)).await?;
     admitted_settles_at(&c, &op, 4).await?;
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn ordering_prefers_requestors_in_progress_then_fewer_pending_then_older() -> Result<()> {
     let c = cluster(7, 0, limits(2, None)).await?;
-    let op = Operator::start(&c.testbed, &[]).await?;
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
     let n = &c.nodes;
     // A and X take both slots; A's stays in progress throughout.
     requests(
@@ -271,13 +296,15 @@ async fn ordering_prefers_requestors_in_progress_then_fewer_pending_then_older()
     }
     // a-2: its requestor has a maintenance in progress; c-1: fewer pending than B; then B by age.
     assert_eq!(order, vec!["a-2", "c-1", "b-1", "b-2"]);
+    monitor.finish().await?;
     Ok(())
 }
 
 #[tokio::test]
 async fn config_edits_apply_without_restart_and_deleting_it_restores_defaults() -> Result<()> {
     let c = cluster(6, 0, limits(1, None)).await?;
-    let op = Operator::start(&c.testbed, &[]).await?;
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
     let n = &c.nodes;
     let specs: Vec<(String, NodeMaintenanceSpec)> = (0..5)
         .map(|i| (format!("r{i}"), request_spec(&n[i], "cfg.example.com")))
@@ -301,5 +328,6 @@ async fn config_edits_apply_without_restart_and_deleting_it_restores_defaults() 
     }
     // With all three released, the default admits exactly one more.
     admitted_settles_at(&c, &op, 1).await?;
+    monitor.finish().await?;
     Ok(())
 }

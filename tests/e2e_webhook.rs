@@ -26,6 +26,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 
@@ -209,6 +210,7 @@ async fn webhook_refuses_what_the_operator_cannot_do_and_survives_a_rotation() -
     create_namespace(&client, &ns).await?;
     let nodes = create_nodes(&client, &unique_name("webhook"), 1, &[]).await?;
     wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     let node = &nodes[0];
 
     let dir = tempfile::tempdir()?;
@@ -266,7 +268,9 @@ async fn webhook_refuses_what_the_operator_cannot_do_and_survives_a_rotation() -
         .delete(&config_name, &DeleteParams::default())
         .await
         .context("deleting the webhook registration")?;
-    result
+    result?;
+    monitor.finish().await?;
+    Ok(())
 }
 
 async fn exercise(

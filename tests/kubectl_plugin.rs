@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use maintenance_crds::NodeMaintenance;
+use support::invariants::*;
 use support::operator::*;
 use support::*;
 use tokio::sync::{Mutex, OnceCell};
@@ -639,6 +640,7 @@ async fn rollout_runs_the_command_on_every_node_and_releases_them() -> Result<()
     let testbed = cluster().await?;
     let _operator = Operator::start(testbed, &[]).await?;
     let (client, ns, prefix, nodes) = pool(testbed, "kroll").await?;
+    let monitor = InvariantMonitor::start(testbed, Scope::new(&ns, &nodes)).await?;
     let dir = tempfile::tempdir()?;
     let done_file = dir.path().join("done");
     let exec = format!("echo \"$NODE\" >> '{}'", done_file.display());
@@ -694,6 +696,7 @@ async fn rollout_runs_the_command_on_every_node_and_releases_them() -> Result<()
             "done-marks removed once complete: {node} {annotations:?}"
         );
     }
+    monitor.finish().await?;
     Ok(())
 }
 
@@ -703,6 +706,7 @@ async fn a_failing_command_stops_the_rollout_and_a_rerun_resumes_it() -> Result<
     let testbed = cluster().await?;
     let _operator = Operator::start(testbed, &[]).await?;
     let (client, ns, prefix, nodes) = pool(testbed, "kfail").await?;
+    let monitor = InvariantMonitor::start(testbed, Scope::new(&ns, &nodes)).await?;
     let failing = &nodes[2];
     let selector = format!("pool={prefix}");
     let exec = format!("test \"$NODE\" != {failing}");
@@ -787,5 +791,6 @@ async fn a_failing_command_stops_the_rollout_and_a_rerun_resumes_it() -> Result<
     if text.contains('\u{1b}') {
         bail!("terminal escape codes in a pipe: {text}");
     }
+    monitor.finish().await?;
     Ok(())
 }

@@ -75,7 +75,7 @@ impl PdbGate {
                 })
             });
         }
-        let verdict = book.admit(&covering);
+        let verdict = book.admit(&covering, jiff::Timestamp::now());
         let claimed = match (&verdict, covering.as_slice()) {
             (GateVerdict::Call, [pdb]) => Some(pdb.clone()),
             _ => None,
@@ -196,10 +196,7 @@ impl Evictor {
         };
         let outcome = classify(pods.evict(name, &params).await);
         if let Some(claimed) = &claimed
-            && matches!(
-                outcome,
-                EvictionOutcome::Gone | EvictionOutcome::Error { .. }
-            )
+            && outcome.used_no_disruption()
         {
             self.gate.release(claimed);
         }

@@ -20,6 +20,20 @@ pub enum EvictionOutcome {
 }
 
 impl EvictionOutcome {
+    /// True when the call certainly used none of the budget's disruptions, so the gate gives
+    /// back what it claimed ([`TokenBook::release`]): the pod was gone, the call failed, or a
+    /// 429 came from something other than a budget (the API server's own rate limits, a proxy).
+    /// Otherwise the budget, unchanged, would hold its other pods until its next change, which
+    /// may never come. A budget's own refusal gives nothing back: it has no room, and its next
+    /// change resets the tokens anyway. An accepted eviction changes the budget.
+    pub fn used_no_disruption(&self) -> bool {
+        match self {
+            EvictionOutcome::Gone | EvictionOutcome::Error { .. } => true,
+            EvictionOutcome::Refused { pdb, .. } => pdb.is_none(),
+            EvictionOutcome::Evicted | EvictionOutcome::MultiplePdbs { .. } => false,
+        }
+    }
+
     /// The `result` and `code` labels of the eviction metric.
     pub fn metric_labels(&self) -> (&'static str, String) {
         match self {
@@ -102,28 +116,51 @@ impl GateVerdict {
 /// book behind a lock and passes the budgets it observed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TokenBook {
-    /// Budget -> (the resourceVersion the tokens were counted at, tokens left).
-    tokens: std::collections::HashMap<PdbKey, (String, i32)>,
+    tokens: std::collections::HashMap<PdbKey, Claims>,
 }
+
+/// The claims on one budget since it was last seen to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Claims {
+    /// The resourceVersion the claims count against.
+    version: String,
+    /// When each call in flight claimed its disruption.
+    at: Vec<jiff::Timestamp>,
+}
+
+/// A claim that the budget has not answered by changing within this long no longer counts: a
+/// safety net for an outcome nobody foresaw (a call that used no disruption but was not seen to
+/// give it back), which would otherwise hold the budget's other pods until its next change,
+/// perhaps for good. An accepted eviction changes the budget within the call; a claim waits at
+/// most for the global rate limit before its call.
+pub const CLAIM_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl TokenBook {
     /// Whether an eviction of a pod that `covering` budgets select may be called now; claims the
     /// budget's disruption when it may.
-    pub fn admit(&mut self, covering: &[PdbAllowance]) -> GateVerdict {
+    pub fn admit(&mut self, covering: &[PdbAllowance], now: jiff::Timestamp) -> GateVerdict {
         let [pdb] = covering else {
             // None: nothing limits the pod. Several: the API server answers 500 whatever they
             // allow, and the drain reports that; holding the pod would hide it.
             return GateVerdict::Call;
         };
-        let entry = self
+        let claims = self
             .tokens
             .entry(pdb.key.clone())
-            .or_insert_with(|| (pdb.resource_version.clone(), pdb.disruptions_allowed.max(0)));
-        if entry.0 != pdb.resource_version {
-            *entry = (pdb.resource_version.clone(), pdb.disruptions_allowed.max(0));
+            .or_insert_with(|| Claims {
+                version: pdb.resource_version.clone(),
+                at: Vec::new(),
+            });
+        if claims.version != pdb.resource_version {
+            claims.version = pdb.resource_version.clone();
+            claims.at.clear();
         }
-        if entry.1 > 0 {
-            entry.1 -= 1;
+        let ttl = jiff::SignedDuration::try_from(CLAIM_TTL).unwrap_or(jiff::SignedDuration::MAX);
+        // A clock that went back keeps the claim (it counts as just made).
+        claims.at.retain(|at| now.duration_since(*at) < ttl);
+        let allowed = usize::try_from(pdb.disruptions_allowed.max(0)).unwrap_or(0);
+        if claims.at.len() < allowed {
+            claims.at.push(now);
             GateVerdict::Call
         } else {
             GateVerdict::Hold {
@@ -133,15 +170,16 @@ impl TokenBook {
         }
     }
 
-    /// Gives back the disruption an admitted call claimed from `pdb` when the call used none (the
-    /// pod was gone, or the call failed before the API server decided): otherwise the budget's
-    /// other pods would wait for a change of the budget that never comes. A refusal (429) gives
-    /// nothing back: the budget has no room, and its next change resets the tokens anyway.
+    /// Gives back the disruption an admitted call claimed from `pdb` when the call used none
+    /// (see [`EvictionOutcome::used_no_disruption`]): otherwise the budget's other pods would
+    /// wait for a change of the budget that never comes. Nothing for a version already replaced
+    /// (its claims are gone with it).
     pub fn release(&mut self, pdb: &PdbAllowance) {
-        if let Some(entry) = self.tokens.get_mut(&pdb.key)
-            && entry.0 == pdb.resource_version
+        if let Some(claims) = self.tokens.get_mut(&pdb.key)
+            && claims.version == pdb.resource_version
+            && !claims.at.is_empty()
         {
-            entry.1 = (entry.1 + 1).min(pdb.disruptions_allowed.max(0));
+            claims.at.remove(0);
         }
     }
 
@@ -172,10 +210,18 @@ mod tests {
         }
     }
 
-    fn calls(book: &mut TokenBook, covering: &[PdbAllowance], n: usize) -> usize {
+    fn at(seconds: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_700_000_000 + seconds).expect("a valid time")
+    }
+
+    fn calls_at(book: &mut TokenBook, covering: &[PdbAllowance], n: usize, now: i64) -> usize {
         (0..n)
-            .filter(|_| book.admit(covering) == GateVerdict::Call)
+            .filter(|_| book.admit(covering, at(now)) == GateVerdict::Call)
             .count()
+    }
+
+    fn calls(book: &mut TokenBook, covering: &[PdbAllowance], n: usize) -> usize {
+        calls_at(book, covering, n, 0)
     }
 
     #[test]
@@ -184,7 +230,7 @@ mod tests {
         let web = pdb("web", "1", 2);
         assert_eq!(calls(&mut book, std::slice::from_ref(&web), 5), 2);
         assert_eq!(
-            book.admit(std::slice::from_ref(&web)),
+            book.admit(std::slice::from_ref(&web), at(0)),
             GateVerdict::Hold {
                 pdb: "web".to_string(),
                 disruptions_allowed: 2
@@ -203,7 +249,10 @@ mod tests {
         let mut book = TokenBook::default();
         let web = pdb("web", "1", 1);
         assert_eq!(calls(&mut book, std::slice::from_ref(&web), 1), 1);
-        assert_ne!(book.admit(std::slice::from_ref(&web)), GateVerdict::Call);
+        assert_ne!(
+            book.admit(std::slice::from_ref(&web), at(0)),
+            GateVerdict::Call
+        );
         // The pod was gone: the disruption is still there for the next pod.
         book.release(&web);
         assert_eq!(calls(&mut book, std::slice::from_ref(&web), 2), 1);
@@ -244,5 +293,39 @@ mod tests {
         assert_eq!(pdb.as_deref(), Some("web"));
         assert!(held);
         assert!(message.contains("no call was made"), "{message}");
+    }
+
+    /// A 429 that no budget gave (the API server's own rate limit, a proxy) used no disruption:
+    /// the claim goes back, or the budget, unchanged, would hold its other pods for good. Found
+    /// by the fault-injection test that answers 5% of calls with 429.
+    #[test]
+    fn which_outcomes_give_the_claim_back() {
+        let refused = |pdb: Option<&str>| EvictionOutcome::Refused {
+            pdb: pdb.map(str::to_string),
+            message: "Too many requests".into(),
+            held: false,
+        };
+        assert!(refused(None).used_no_disruption());
+        assert!(!refused(Some("web")).used_no_disruption());
+        assert!(EvictionOutcome::Gone.used_no_disruption());
+        assert!(
+            EvictionOutcome::Error {
+                code: Some(500),
+                message: "boom".into()
+            }
+            .used_no_disruption()
+        );
+        assert!(!EvictionOutcome::Evicted.used_no_disruption());
+    }
+
+    /// A claim the budget never answered stops counting after [`CLAIM_TTL`]: an unforeseen
+    /// outcome delays the budget's other pods, it never strands them.
+    #[test]
+    fn a_claim_never_answered_expires() {
+        let mut book = TokenBook::default();
+        let web = pdb("web", "1", 1);
+        assert_eq!(calls_at(&mut book, std::slice::from_ref(&web), 2, 0), 1);
+        assert_eq!(calls_at(&mut book, std::slice::from_ref(&web), 1, 29), 0);
+        assert_eq!(calls_at(&mut book, std::slice::from_ref(&web), 2, 30), 1);
     }
 }

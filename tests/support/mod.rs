@@ -97,6 +97,8 @@ pub struct Testbed {
     kubeconfig: PathBuf,
     /// Started by this process: stopped (and its directory removed) on drop.
     owned: bool,
+    /// Started for one test (`Testbed::start`), not shared by the tests of the binary.
+    exclusive: bool,
 }
 
 fn repo_root() -> &'static Path {
@@ -171,6 +173,7 @@ impl Testbed {
             kubeconfig: dir.join("kubeconfig"),
             dir,
             owned: true,
+            exclusive: true,
         })
     }
 
@@ -190,6 +193,7 @@ impl Testbed {
                                 kubeconfig: dir.join("kubeconfig"),
                                 dir,
                                 owned: false,
+                                exclusive: false,
                             });
                         }
                         Err(e) => eprintln!(
@@ -197,13 +201,20 @@ impl Testbed {
                         ),
                     }
                 }
-                Testbed::start().await
+                let mut testbed = Testbed::start().await?;
+                testbed.exclusive = false;
+                Ok(testbed)
             })
             .await
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Started for one test (`Testbed::start`), not shared with the other tests of the binary.
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive
     }
 
     pub fn kubeconfig_path(&self) -> &Path {
@@ -1176,4 +1187,6 @@ pub fn api_error(err: &kube::Error) -> Option<(u16, &str)> {
 }
 pub mod audit;
 pub mod chart;
+pub mod faults;
+pub mod invariants;
 pub mod operator;

@@ -241,6 +241,21 @@ impl Drop for Operator {
     }
 }
 
+/// Kills process `pid` once this test process is gone (for helpers a test starts next to the
+/// operator, e.g. fault proxies).
+pub fn kill_when_this_process_exits(pid: u32) -> Result<()> {
+    stop_when_this_process_exits(pid)
+}
+
+impl Operator {
+    /// How the process ended, if it has (it was not killed by [`Operator::kill`]).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+}
+
 /// A tiny HTTP/1.0 GET on loopback (no client crate needed for probes and metrics).
 pub async fn http_get(url: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
