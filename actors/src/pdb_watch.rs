@@ -183,7 +183,7 @@ impl PdbWatches {
             let stream = reflector::reflector(
                 writer,
                 watcher(api, watcher::Config::default())
-                    .default_backoff()
+                    .backoff(crate::task::watch_backoff())
                     .modify(|pdb| {
                         pdb.metadata.managed_fields = None;
                         pdb.metadata.annotations = None;

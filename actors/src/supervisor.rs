@@ -125,7 +125,7 @@ where
 {
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(writer, watcher(api, config).modify(strip))
-        .default_backoff()
+        .backoff(crate::task::watch_backoff())
         .touched_objects();
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);
