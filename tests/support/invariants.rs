@@ -1257,7 +1257,11 @@ impl Drop for InvariantMonitor {
 /// audit checks are off; the limits are the whole cluster's, so they are not checked either.
 pub async fn monitor_shared(namespace: &str, nodes: &[String]) -> Result<InvariantMonitor> {
     let shared = super::operator::shared_cluster().await?;
-    InvariantMonitor::start(shared.testbed, Scope::new(namespace, nodes)).await
+    InvariantMonitor::start(
+        shared.testbed,
+        Scope::new(namespace, nodes).operator_user(shared.operator_user.clone()),
+    )
+    .await
 }
 
 fn fail_on(breaches: &[Breach], scope: &Scope) -> Result<()> {

@@ -599,7 +599,13 @@ pub fn track_max_in_maintenance(
 pub struct SharedCluster {
     pub testbed: &'static Testbed,
     pub operator: Operator,
+    /// The operator's identity in the audit log (a ServiceAccount of its own, so the audit log
+    /// tells its calls from the tests').
+    pub operator_user: String,
 }
+
+/// The ServiceAccount of the shared cluster's operator.
+pub const SHARED_OPERATOR_ACCOUNT: &str = "shared-operator";
 
 pub async fn shared_cluster() -> Result<&'static SharedCluster> {
     static SHARED: tokio::sync::OnceCell<SharedCluster> = tokio::sync::OnceCell::const_new();
@@ -608,8 +614,12 @@ pub async fn shared_cluster() -> Result<&'static SharedCluster> {
             let testbed = Testbed::shared().await?;
             let client = testbed.client().await?;
             install(&client, Some(limits(1000, None))).await?;
-            let operator = Operator::start(testbed, &[]).await?;
-            Ok(SharedCluster { testbed, operator })
+            let operator = Operator::start_as(testbed, SHARED_OPERATOR_ACCOUNT, &[]).await?;
+            Ok(SharedCluster {
+                testbed,
+                operator,
+                operator_user: service_account_user(SHARED_OPERATOR_ACCOUNT),
+            })
         })
         .await
 }
