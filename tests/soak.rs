@@ -464,46 +464,5 @@ async fn run() -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    // `cargo test` passes the libtest options and filters on to every test binary: answer
-    // `--list`, and run only when no filter excludes this one.
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        println!("soak: test");
-        return ExitCode::SUCCESS;
-    }
-    let mut filters = Vec::new();
-    let mut skipped = false;
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "--skip" => skipped |= rest.next().is_some_and(|p| "soak".contains(p.as_str())),
-            a if a.starts_with('-') => {}
-            a => filters.push(a),
-        }
-    }
-    if skipped || (!filters.is_empty() && !filters.iter().any(|f| "soak".contains(f))) {
-        println!("soak: 0 passed, 0 failed, 1 filtered out");
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("soak: cannot start a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => {
-            println!("soak: 1 passed, 0 failed");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("soak failed: {e:#}");
-            println!("soak: 0 passed, 1 failed");
-            ExitCode::FAILURE
-        }
-    }
+    support::run_as_test("soak", run)
 }

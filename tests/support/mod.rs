@@ -1185,6 +1185,59 @@ pub fn api_error(err: &kube::Error) -> Option<(u16, &str)> {
         _ => None,
     }
 }
+// ---------------------------------------------------------------------------------------------
+// Test binaries with a `main` of their own (`harness = false`: bench_report, soak)
+
+/// Runs `run` as the one test `name` of a `harness = false` test binary. `cargo test` passes the
+/// libtest options and filters on to every test binary: `--list` is answered, and the test runs
+/// only when no filter (or `--skip`) excludes it. Prints libtest's closing line.
+pub fn run_as_test<F>(name: &str, run: impl FnOnce() -> F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<()>>,
+{
+    use std::process::ExitCode;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("{name}: test");
+        return ExitCode::SUCCESS;
+    }
+    let mut filters = Vec::new();
+    let mut skipped = false;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--skip" => skipped |= rest.next().is_some_and(|p| name.contains(p.as_str())),
+            a if a.starts_with('-') => {}
+            a => filters.push(a),
+        }
+    }
+    if skipped || (!filters.is_empty() && !filters.iter().any(|f| name.contains(f))) {
+        println!("{name}: 0 passed, 0 failed, 1 filtered out");
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => {
+            println!("{name}: 1 passed, 0 failed");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{name} failed: {e:#}");
+            println!("{name}: 0 passed, 1 failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 pub mod audit;
 pub mod chart;
 pub mod faults;
