@@ -14,6 +14,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -168,13 +169,33 @@ async fn request_every_node(client: &Client, fleet: &Fleet) -> Result<()> {
 /// Plays the requestor in the background: releases (deletes) each request once it is Ready,
 /// whether or not an operator runs at that moment. Abort it when done.
 fn requestor(client: Client, ns: String) -> tokio::task::JoinHandle<()> {
+    requestor_holding(client, ns, None)
+}
+
+/// The requestor, keeping the last `hold.1` requests unreleased while `hold.0` is above zero:
+/// the kills still to come then land on a rollout in progress however fast the operator gets
+/// (a 40-node rollout once ended in 10 s, before half the kills).
+fn requestor_holding(
+    client: Client,
+    ns: String,
+    hold: Option<(Arc<AtomicUsize>, usize)>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             if let Ok(all) = list_requests(&client, &ns).await {
+                let mut unreleased = all.iter().filter(|r| !r.is_deleting()).count();
                 for r in all {
                     if r.phase() == Phase::Ready && !r.is_deleting() {
+                        let holding = hold.as_ref().is_some_and(|(left, keep)| {
+                            left.load(Ordering::SeqCst) > 0 && unreleased <= *keep
+                        });
+                        if holding {
+                            break;
+                        }
                         // A failure (e.g. already gone) is retried on the next round.
-                        let _ = delete_request(&client, &ns, &r.name_any()).await;
+                        if delete_request(&client, &ns, &r.name_any()).await.is_ok() {
+                            unreleased -= 1;
+                        }
                     }
                 }
             }
@@ -528,7 +549,12 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
     let rollout_start = Timestamp::now();
     let started = Instant::now();
     request_every_node(&client, &fleet).await?;
-    let releases = requestor(client.clone(), fleet.ns.clone());
+    let kills_left = Arc::new(AtomicUsize::new(kill_count));
+    let releases = requestor_holding(
+        client.clone(),
+        fleet.ns.clone(),
+        Some((kills_left.clone(), max_parallel)),
+    );
     let mut phase_changes = watch.phase_changes.clone();
     let mut kills: Vec<(KillMoment, BTreeMap<Phase, usize>)> = Vec::new();
     while kills.len() < kill_count {
@@ -569,6 +595,7 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
         }
         operator.kill();
         kills.push((moment, phases));
+        kills_left.store(kill_count - kills.len(), Ordering::SeqCst);
         // Sometimes stay down a moment: the requestor keeps releasing meanwhile.
         if rng.chance(0.3) {
             tokio::time::sleep(Duration::from_secs_f64(rng.unit())).await;
