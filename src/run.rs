@@ -166,13 +166,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .pod_name
             .clone()
             .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
-        LeaderElector::new(
+        Arc::new(LeaderElector::new(
             ctx.client.clone(),
             args.lease_namespace.as_deref().unwrap_or(&args.namespace),
             &args.lease_name,
             identity,
             Duration::from_secs(args.lease_duration_seconds.max(2)),
-        )
+        ))
     });
     if let Some(elector) = &elector {
         tracing::info!(identity = %elector.identity(), lease = %elector.describe(), "waiting to become leader");
@@ -184,30 +184,51 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     ctx.set_leading(true);
     metrics.leader.set(1.0);
-    let lost = async {
-        match &elector {
-            Some(elector) => elector.hold().await,
-            None => std::future::pending().await,
+    // The lease is renewed from now on, in a task of its own: the supervisor's start waits for
+    // full lists of requests and nodes, which take longer than the renew deadline in a big
+    // cluster, and a renewal that only began after them would find the deadline passed and give
+    // up at once (a crash loop that never lets a standby in either).
+    let mut renewal = tokio::spawn({
+        let elector = elector.clone();
+        async move {
+            match elector {
+                Some(elector) => elector.hold().await,
+                None => std::future::pending().await,
+            }
         }
+    });
+    let lost = |ended: Result<String, tokio::task::JoinError>| {
+        ended.unwrap_or_else(|err| format!("the lease renewal stopped: {err}"))
     };
 
     tracing::info!(namespace = %args.namespace, "starting supervisor");
-    let (supervisor, mut handle) = Actor::spawn(Some("supervisor".to_string()), Supervisor, ctx)
-        .await
-        .map_err(|err| anyhow::anyhow!("supervisor failed to start: {err}"))?;
+    let started = tokio::select! {
+        started = Actor::spawn(Some("supervisor".to_string()), Supervisor, ctx.clone()) => started,
+        ended = &mut renewal => {
+            anyhow::bail!("lost leadership while the supervisor started: {}", lost(ended))
+        }
+    };
+    let (supervisor, mut handle) =
+        started.map_err(|err| anyhow::anyhow!("supervisor failed to start: {err}"))?;
 
     tokio::select! {
         _ = shutdown_signal() => {
             tracing::info!("shutting down");
             supervisor.stop(Some("shutdown".into()));
             let _ = handle.await;
+            // Events still queued go out before the process ends (within the pod's grace period).
+            if !ctx.events.flush(Duration::from_secs(5)).await {
+                tracing::warn!("some Events were not sent before shutdown");
+            }
+            // No renewal after the release, or it would take the lease back.
+            renewal.abort();
             if let Some(elector) = &elector {
                 elector.release().await;
             }
         }
-        why = lost => {
+        ended = &mut renewal => {
             // Stop at once: another replica may lead soon, and two leaders could exceed the limits.
-            anyhow::bail!("lost leadership: {why}");
+            anyhow::bail!("lost leadership: {}", lost(ended));
         }
         result = &mut handle => {
             result.map_err(|err| anyhow::anyhow!("supervisor crashed: {err}"))?;

@@ -318,6 +318,10 @@ struct RssPoint {
     seconds: f64,
     /// The operator's CPU seconds from its start to the end of the drains, per request.
     cpu_seconds_per_request: f64,
+    /// Seconds to grow the cluster to this size (nodes Ready, then every pod Ready).
+    setup_seconds: f64,
+    /// VmRSS (MiB) of each control-plane component at the end, by name (what limits the size).
+    control_plane_rss_mib: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -359,6 +363,23 @@ fn rss_of(pid: u32) -> Result<(f64, f64)> {
     let hwm = mib_from_status(&status, "VmHWM").context("no VmHWM in /proc/PID/status")?;
     let rss = mib_from_status(&status, "VmRSS").context("no VmRSS in /proc/PID/status")?;
     Ok((hwm, rss))
+}
+
+/// VmRSS (MiB) of each running control-plane component of `testbed` (its `pids` file: name,
+/// pid, start time per line); a component that cannot be read is left out.
+fn control_plane_rss(testbed: &Testbed) -> BTreeMap<String, f64> {
+    let Ok(pids) = std::fs::read_to_string(testbed.dir().join("pids")) else {
+        return BTreeMap::new();
+    };
+    pids.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let name = fields.next()?;
+            let pid: u32 = fields.next()?.parse().ok()?;
+            let (_, rss) = rss_of(pid).ok()?;
+            Some((name.to_string(), rss))
+        })
+        .collect()
 }
 
 fn operator_rss(op: &Operator) -> Result<(f64, f64)> {
@@ -1117,16 +1138,14 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
     let ppn = size.rss_pods_per_node;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     for (round, &want) in size.rss_nodes.iter().enumerate() {
+        // A tenth of the nodes under maintenance at once.
         let requests = (want / 10).max(2);
-        install(
-            &client,
-            Some(limits(i32::try_from(requests.div_ceil(2))?, None)),
-        )
-        .await?;
+        install(&client, Some(limits(i32::try_from(requests)?, None))).await?;
         if round == 0 {
             create_namespace(&client, &ns).await?;
         }
         let step = progress.begin(&format!("rss: {want} nodes x {ppn} pods"));
+        let setup_started = Instant::now();
         let more = want.saturating_sub(nodes.len());
         nodes.extend(create_nodes(&client, &format!("rss{round}"), more, &[]).await?);
         wait_nodes_ready(&client, &nodes, size.wait(want)).await?;
@@ -1153,6 +1172,7 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
         }
         let pods = nodes.len() * ppn;
         wait_pods(&client, &ns, pods, size.wait(pods), &step).await?;
+        let setup_seconds = setup_started.elapsed().as_secs_f64();
         step.end(&format!("{} nodes, {pods} pods Ready", nodes.len()));
 
         let step = progress.begin(&format!(
@@ -1183,6 +1203,8 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
             rss_now_mib: now,
             seconds,
             cpu_seconds_per_request,
+            setup_seconds,
+            control_plane_rss_mib: control_plane_rss(&testbed),
         });
     }
     Ok(points)
@@ -1481,21 +1503,32 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
         let _ = writeln!(
             md,
             "\n## Operator memory\n\nA fresh operator process per size; peak RSS is VmHWM of \
-             /proc/PID/status after it drained a tenth of the nodes (at least 2).\n\n\
-             | Nodes | Pods | Drains | Peak RSS (MiB) | RSS at the end (MiB) | Time (s) | CPU per drain (ms) |\n\
-             | --- | --- | --- | --- | --- | --- | --- |"
+             /proc/PID/status after it drained a tenth of the nodes (at least 2), all under \
+             maintenance at once (maxParallelOperations = drains). Growing the cluster (nodes \
+             Ready, then every pod Ready) and the control plane's memory at the end show where \
+             the testbed stops.\n\n\
+             | Nodes | Pods | Drains | Peak RSS (MiB) | RSS at the end (MiB) | Time (s) | CPU per drain (ms) | Cluster growth (s) | kube-apiserver RSS (MiB) | etcd RSS (MiB) |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
+        let component = |r: &RssPoint, name: &str| {
+            r.control_plane_rss_mib
+                .get(name)
+                .map_or("-".to_string(), |mib| format!("{mib:.0}"))
+        };
         for r in &report.rss {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} |",
+                "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {} |",
                 r.nodes,
                 r.pods,
                 r.requests,
                 r.rss_peak_mib,
                 r.rss_now_mib,
                 r.seconds,
-                r.cpu_seconds_per_request * 1000.0
+                r.cpu_seconds_per_request * 1000.0,
+                r.setup_seconds,
+                component(r, "kube-apiserver"),
+                component(r, "etcd"),
             );
         }
     }

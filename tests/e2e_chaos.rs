@@ -13,6 +13,8 @@
 
 mod support;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +23,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -39,8 +40,6 @@ const RUN_LABEL: &str = "chaos.maintenance.nvidia.com/run";
 /// lets one pod go at a time.
 const POOL_SIZE: usize = 5;
 const REQUESTOR: &str = "chaos.example.com";
-/// The Lease both replicas compete for (the default `--lease-name`).
-const OUR_LEASE: &str = "maintenance-operator";
 const LEASE_SECONDS: &str = "4";
 
 // ---------------------------------------------------------------------------------------------
@@ -64,28 +63,6 @@ fn seed() -> Result<u64> {
             .parse()
             .with_context(|| format!("MO_CHAOS_SEED={v:?} is not a number")),
         _ => Ok(Timestamp::now().as_nanosecond() as u64),
-    }
-}
-
-/// SplitMix64: a small seeded generator, so that a run replays from its printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
     }
 }
 
@@ -519,7 +496,7 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
         "crashes: {node_count} nodes, {kill_count} kills, seed {seed} (MO_CHAOS_SEED={seed} \
          replays the kill moments)"
     );
-    let mut rng = Rng(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let max_parallel = (node_count / 8).clamp(2, 10);
     let max_unavailable = max_parallel;
 
@@ -573,12 +550,12 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
         };
         let mean_gap = (per_request * remaining as f64 * 0.6 / (kill_count - kills.len()) as f64)
             .clamp(0.2, 20.0);
-        let moment = if rng.chance(1.0 / 3.0) {
+        let moment = if rng.random_bool(1.0 / 3.0) {
             KillMoment::AfterPhaseChange
         } else {
             KillMoment::Random
         };
-        let delay = Duration::from_secs_f64(2.0 * mean_gap * rng.unit());
+        let delay = Duration::from_secs_f64(2.0 * mean_gap * rng.random::<f64>());
         match moment {
             KillMoment::Random => tokio::time::sleep(delay).await,
             KillMoment::AfterPhaseChange => {
@@ -597,8 +574,8 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
         kills.push((moment, phases));
         kills_left.store(kill_count - kills.len(), Ordering::SeqCst);
         // Sometimes stay down a moment: the requestor keeps releasing meanwhile.
-        if rng.chance(0.3) {
-            tokio::time::sleep(Duration::from_secs_f64(rng.unit())).await;
+        if rng.random_bool(0.3) {
+            tokio::time::sleep(Duration::from_secs_f64(rng.random::<f64>())).await;
         }
         operator
             .restart()
@@ -685,18 +662,9 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Leader failovers
 
-async fn lease_holder(client: &Client) -> Result<Option<String>> {
-    Ok(Api::<Lease>::namespaced(client.clone(), OPERATOR_NAMESPACE)
-        .get_opt(OUR_LEASE)
-        .await?
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity)
-        .filter(|h| !h.is_empty()))
-}
-
 async fn wait_leader(client: &Client, name: &str) -> Result<()> {
     wait_for(&format!("{name} to hold the Lease"), WAIT, || async {
-        Ok(lease_holder(client)
+        Ok(lease_holder(client, OPERATOR_NAMESPACE, OUR_LEASE)
             .await?
             .filter(|h| h == name)
             .map(|_| ()))

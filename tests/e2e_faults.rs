@@ -22,11 +22,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::Api;
 use kube::{Client, ResourceExt};
 use maintenance_crds::Phase;
 use support::audit::{AuditLog, WriteCall, seconds_between};
@@ -53,8 +51,6 @@ const REQUESTOR: &str = "faults.example.com";
 const API_SERVER_OUTAGE: Duration = Duration::from_secs(20);
 /// Lease duration of the partition scenario (renew deadline 2/3 of it).
 const LEASE_SECONDS: u64 = 4;
-/// The operator's Lease with the default `--lease-name`.
-const OUR_LEASE: &str = "maintenance-operator";
 
 /// One scenario at a time: each runs a control plane of its own plus a 30-node rollout, and two
 /// at once on a small machine would time the machine rather than the operator.
@@ -342,6 +338,32 @@ async fn pulse(
     }
 }
 
+/// Releases every request while `kinds` pulse on the proxy (see [`pulse`]); then takes every
+/// toxic off and fails if fewer than `at_least` pulses came during the rollout. Returns the pulses.
+async fn release_everything_while_pulsing(
+    cluster: &Cluster,
+    proxy: &ToxicProxy,
+    kinds: &[(&str, ToxicKind)],
+    (on, off): (Duration, Duration),
+    at_least: u32,
+) -> Result<u32> {
+    let pulses = AtomicU32::new(0);
+    tokio::select! {
+        done = release_everything(cluster) => done?,
+        failed = pulse(proxy, kinds, on, off, &pulses) => {
+            failed?;
+            bail!("the pulses stopped before the rollout ended");
+        }
+    }
+    proxy.remove_all().await?;
+    let pulses = pulses.load(Ordering::SeqCst);
+    ensure!(
+        pulses >= at_least,
+        "only {pulses} pulses of {kinds:?} during the rollout, want {at_least} or more"
+    );
+    Ok(pulses)
+}
+
 fn report_time(scenario: &str, started: Instant) {
     println!(
         "scenario {scenario}: {:.1}s wall time (control plane, setup and rollout)",
@@ -366,30 +388,19 @@ async fn latency_spikes_and_a_bandwidth_limit_during_the_drains() -> Result<()> 
         ))
         .await?;
     request_every_node(&cluster).await?;
-    let spikes = AtomicU32::new(0);
     // Spikes of 1 s each way, 2 s on and 3 s off, for as long as the rollout runs.
     let latency = ToxicKind::Latency {
         latency_ms: 1000,
         jitter_ms: 100,
     };
-    let spike = [("spike", latency)];
-    let spiking = pulse(
+    let spikes = release_everything_while_pulsing(
+        &cluster,
         &proxy,
-        &spike,
-        Duration::from_secs(2),
-        Duration::from_secs(3),
-        &spikes,
-    );
-    tokio::select! {
-        done = release_everything(&cluster) => done?,
-        failed = spiking => return failed,
-    }
-    proxy.remove_all().await?;
-    let spikes = spikes.load(Ordering::SeqCst);
-    ensure!(
-        spikes >= 2,
-        "only {spikes} latency spikes during the rollout"
-    );
+        &[("spike", latency)],
+        (Duration::from_secs(2), Duration::from_secs(3)),
+        2,
+    )
+    .await?;
     println!("{spikes} latency spikes of 1s under a 64 KB/s limit");
     monitor.check()?;
     ensure_all_done(&cluster, monitor, &[&user], None).await?;
@@ -410,38 +421,25 @@ async fn connections_reset_every_few_seconds() -> Result<()> {
     // Every 3 s, each connection that carries a byte either way within 300 ms (watch events
     // included) is reset (TCP RST), and so is every connection opened in that window.
     // (toxiproxy's reset_peer drops the data it waits on, so it cannot stay on.)
-    let resets = AtomicU32::new(0);
-    let reset = [("reset", ToxicKind::ResetPeer { after_ms: 0 })];
-    let resetting = pulse(
+    let resets = release_everything_while_pulsing(
+        &cluster,
         &proxy,
-        &reset,
-        Duration::from_millis(300),
-        Duration::from_secs(3),
-        &resets,
-    );
-    tokio::select! {
-        done = release_everything(&cluster) => done?,
-        failed = resetting => return failed,
-    }
-    proxy.remove_all().await?;
-    let resets = resets.load(Ordering::SeqCst);
-    ensure!(
-        resets >= 3,
-        "only {resets} rounds of resets during the rollout"
-    );
+        &[("reset", ToxicKind::ResetPeer { after_ms: 0 })],
+        (Duration::from_millis(300), Duration::from_secs(3)),
+        3,
+    )
+    .await?;
     println!("{resets} rounds of connection resets");
     ensure_all_done(&cluster, monitor, &[&user], None).await?;
     report_time("connections reset every 3s", started);
     Ok(())
 }
 
-/// Fails whenever an injected 429 lands on an eviction whose budget does not change again, until
-/// the eviction gate is fixed: a 429 that is no budget's refusal (API Priority and Fairness
-/// throttling, injected here) keeps the disruption the gate let the call claim
-/// (`Evictor::evict` gives it back only for Gone and Error outcomes), so every later eviction of
-/// that budget's pods is held ("evictions in flight use them all") and the drains wait forever;
-/// the test then fails after `STALL`, naming the blocked pods. With 500s alone (codes `[500]`)
-/// the scenario passes.
+/// 5% of the operator's calls answered 500 or 429 (half of them after the API server did the
+/// work), watches cut every 3 s. The 429s matter most: one that is no budget's refusal (API
+/// Priority and Fairness throttling, as injected here) must give back the disruption the
+/// eviction gate let the call claim, or every later eviction of that budget's pods is held and
+/// the drains wait forever (the test would fail after `STALL`, naming the blocked pods).
 #[tokio::test]
 async fn five_percent_500_and_429_and_watches_cut() -> Result<()> {
     let _turn = SERIAL.lock().await;
@@ -465,6 +463,7 @@ async fn five_percent_500_and_429_and_watches_cut() -> Result<()> {
             retry_after_seconds: 1,
             lost_answer_share: 0.5,
             cut_watches_every_ms: 3000,
+            ..HttpFaults::default()
         })
         .await?;
     let before = proxy.stats().await?;
@@ -568,21 +567,14 @@ async fn etcd_restarted_mid_drain() -> Result<()> {
     Ok(())
 }
 
-async fn lease_holder(client: &Client) -> Result<Option<String>> {
-    Ok(Api::<Lease>::namespaced(client.clone(), OPERATOR_NAMESPACE)
-        .get_opt(OUR_LEASE)
-        .await?
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity)
-        .filter(|h| !h.is_empty()))
-}
-
 async fn wait_holder(client: &Client, holder: &str, timeout: Duration) -> Result<()> {
     wait_until(&format!("{holder} to hold the Lease"), timeout, || async {
-        Ok(match lease_holder(client).await? {
-            Some(h) if h == holder => Check::Done(()),
-            other => Check::Pending(format!("holder {other:?}")),
-        })
+        Ok(
+            match lease_holder(client, OPERATOR_NAMESPACE, OUR_LEASE).await? {
+                Some(h) if h == holder => Check::Done(()),
+                other => Check::Pending(format!("holder {other:?}")),
+            },
+        )
     })
     .await
 }
@@ -680,7 +672,10 @@ async fn leader_partitioned_from_the_api_server_stops_before_its_lease_is_taken(
     }
     rollout?;
     ensure!(
-        lease_holder(&cluster.client).await?.as_deref() == Some("replica-b"),
+        lease_holder(&cluster.client, OPERATOR_NAMESPACE, OUR_LEASE)
+            .await?
+            .as_deref()
+            == Some("replica-b"),
         "the Lease changed hands again after the takeover"
     );
     let deleted = audit_breaches(&audit, &cluster.ns, &second_user, since);
@@ -690,5 +685,87 @@ async fn leader_partitioned_from_the_api_server_stops_before_its_lease_is_taken(
     );
     ensure_all_done(&cluster, monitor, &[&first_user, &second_user], None).await?;
     report_time("leader partitioned", started);
+    Ok(())
+}
+
+/// A leader whose first sync takes longer than its renew deadline keeps its Lease: the renewal
+/// runs from the moment the Lease is won, not from when the supervisor's caches are full (in a big
+/// cluster the first lists of nodes and requests take seconds). Here every paged LIST waits 8 s in
+/// the fault proxy, twice the lease duration; a renewal that began after the sync found its
+/// deadline passed and the process exited with "lost leadership", again at every restart.
+#[tokio::test]
+async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
+    const LIST_DELAY: Duration = Duration::from_secs(8);
+    let _turn = SERIAL.lock().await;
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(&client, Some(limits(1, 1))).await?;
+    let nodes = create_nodes(&client, &unique_name("slow"), 2, &[]).await?;
+    wait_nodes_ready(&client, &nodes, SETUP).await?;
+    let ns = unique_name("slow");
+    create_namespace(&client, &ns).await?;
+    let (direct, _user) = operator_account(&testbed, "slow-sync").await?;
+    let mut proxy = FaultProxy::start(&testbed, &direct).await?;
+    proxy
+        .set(&HttpFaults {
+            list_delay_ms: u64::try_from(LIST_DELAY.as_millis())?,
+            ..HttpFaults::default()
+        })
+        .await?;
+    let kubeconfig = testbed.dir().join("operator-slow-sync.kubeconfig");
+    proxy.write_kubeconfig(&direct, &kubeconfig)?;
+    let lease = LEASE_SECONDS.to_string();
+    let started = Instant::now();
+    let mut operator = Operator::start_with_kubeconfig(
+        &kubeconfig,
+        testbed.dir(),
+        &[
+            "--leader-elect",
+            "--lease-duration-seconds",
+            &lease,
+            "--pod-name",
+            "slow-sync",
+        ],
+    )
+    .await?;
+    let synced_after = started.elapsed();
+    let delayed = proxy.stats().await?.delayed_lists;
+    ensure!(
+        delayed > 0 && synced_after >= LIST_DELAY,
+        "precondition: the first sync was not slowed down ({delayed} lists delayed, ready after \
+         {synced_after:?})"
+    );
+    // Three lease durations past the sync: a leader that could not renew would be gone by now.
+    create_request(
+        &client,
+        &ns,
+        "after-sync",
+        request_spec(&nodes[0], REQUESTOR),
+    )
+    .await?;
+    wait_phase(&client, &ns, "after-sync", Phase::Ready, SETUP).await?;
+    let hold_for = Duration::from_secs(3 * LEASE_SECONDS);
+    let until = Instant::now() + hold_for;
+    while Instant::now() < until {
+        if let Some(status) = operator.exit_status() {
+            bail!(
+                "the operator exited {:?} after a slow first sync ({status})",
+                started.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ensure!(
+        lease_holder(&client, OPERATOR_NAMESPACE, OUR_LEASE)
+            .await?
+            .as_deref()
+            == Some("slow-sync"),
+        "the Lease is no longer held by the operator that synced slowly"
+    );
+    println!(
+        "ready {:.1}s after the start ({delayed} lists held {LIST_DELAY:?} each); still leading \
+         {hold_for:?} later",
+        synced_after.as_secs_f64()
+    );
     Ok(())
 }

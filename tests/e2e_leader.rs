@@ -30,24 +30,12 @@ use support::*;
 const WAIT: Duration = Duration::from_secs(90);
 const LEASE_SECONDS: u64 = 4;
 
-/// The operator's Lease when `--lease-name` and `--lease-namespace` are left at their defaults.
-const OUR_LEASE: &str = "maintenance-operator";
 /// NVIDIA's Lease: the LeaderElectionID of its controller-runtime manager.
 const NVIDIA_LEASE: &str = "a9620a8f.nvidia.com";
 /// A holder that is not one of our processes (controller-runtime names it `<hostname>_<uuid>`).
 const FOREIGN_HOLDER: &str = "maintenance-operator-controller-manager-7d9f_0b6e2c1a";
 /// The lease duration of the clock-skew tests, in the foreign record and in our flags.
 const SKEW_LEASE_SECONDS: u64 = 3;
-
-async fn lease_holder(client: &Client, namespace: &str, name: &str) -> Result<Option<String>> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    Ok(leases
-        .get_opt(name)
-        .await?
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity)
-        .filter(|h| !h.is_empty()))
-}
 
 /// A Lease held by [`FOREIGN_HOLDER`], written the way client-go writes it, with `renewed` as
 /// its renew and acquire time.

@@ -20,6 +20,8 @@
 
 mod support;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -79,27 +81,6 @@ impl Settings {
             nodes,
             seed,
         })
-    }
-}
-
-/// SplitMix64: a small seeded generator, so that a run replays from its printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
     }
 }
 
@@ -240,14 +221,14 @@ fn second_half_slope(samples: &[Sample], value: impl Fn(&Sample) -> f64) -> f64 
     slope(&points) * 600.0
 }
 
-fn random_limits(rng: &mut Rng, nodes: usize) -> MaintenanceOperatorConfigSpec {
+fn random_limits(rng: &mut StdRng, nodes: usize) -> MaintenanceOperatorConfigSpec {
     let top = (nodes / 5).clamp(2, 20);
-    let max_parallel = 1 + rng.below(top);
-    let max_unavailable = if rng.chance(0.3) {
+    let max_parallel = 1 + rng.random_range(0..top);
+    let max_unavailable = if rng.random_bool(0.3) {
         // A percentage of the cluster, rounded by the operator.
-        IntOrString::String(format!("{}%", 5 + rng.below(20)))
+        IntOrString::String(format!("{}%", 5 + rng.random_range(0..20)))
     } else {
-        IntOrString::Int((1 + rng.below(top)) as i32)
+        IntOrString::Int((1 + rng.random_range(0..top)) as i32)
     };
     MaintenanceOperatorConfigSpec {
         max_parallel_operations: Some(IntOrString::Int(max_parallel as i32)),
@@ -274,7 +255,7 @@ fn report_dir(minutes: f64) -> PathBuf {
 
 async fn run() -> Result<()> {
     let settings = Settings::from_env()?;
-    let mut rng = Rng(settings.seed);
+    let mut rng = StdRng::seed_from_u64(settings.seed);
     println!(
         "soak: {} min on {} nodes, seed {} (MO_SOAK_SEED replays it)",
         settings.minutes, settings.nodes, settings.seed
@@ -340,11 +321,12 @@ async fn run() -> Result<()> {
         let live = list_requests(&client, &ns).await?;
         let busy: BTreeSet<&str> = live.iter().map(|r| r.spec.node_name.as_str()).collect();
         // New requests on idle nodes: about a tenth of the fleet in play at any time.
-        if busy.len() < settings.nodes / 10 + 1 && rng.chance(0.7) {
-            let node = &nodes[rng.below(nodes.len())];
+        if busy.len() < settings.nodes / 10 + 1 && rng.random_bool(0.7) {
+            let node = &nodes[rng.random_range(0..nodes.len())];
             if !busy.contains(node.as_str()) {
-                let mut spec = request_spec(node, &format!("soak{}.example.com", rng.below(3)));
-                if rng.chance(0.7) {
+                let mut spec =
+                    request_spec(node, &format!("soak{}.example.com", rng.random_range(0..3)));
+                if rng.random_bool(0.7) {
                     spec.drain_spec = drain_spec(true, 0);
                 }
                 create_request(&client, &ns, &format!("r{created}"), spec).await?;
@@ -353,12 +335,12 @@ async fn run() -> Result<()> {
         }
         // The requestors release Ready requests after a random while.
         for r in &live {
-            if r.phase() == Phase::Ready && !r.is_deleting() && rng.chance(0.3) {
+            if r.phase() == Phase::Ready && !r.is_deleting() && rng.random_bool(0.3) {
                 delete_request(&client, &ns, &r.name_any()).await?;
                 released += 1;
             }
         }
-        if rng.chance(0.02) {
+        if rng.random_bool(0.02) {
             set_config(&client, random_limits(&mut rng, settings.nodes)).await?;
             edits += 1;
         }

@@ -1,4 +1,4 @@
-//! What every actor shares: clients, the eviction executor, metrics, the event recorder, and the
+//! What every actor shares: clients, the eviction executor, metrics, the event queue, and the
 //! few API writes that several actors make (status, events).
 
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
 use maintenance_crds::{NodeMaintenance, NodeMaintenanceStatus, Phase};
 
+use crate::events::EventQueue;
 use crate::evictor::Evictor;
 use crate::metrics::Metrics;
 use crate::pdb_watch::PdbWatches;
@@ -33,7 +34,8 @@ pub struct Context {
     /// Watches of the PDBs that block drains now.
     pub pdbs: PdbWatches,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
+    /// Events, sent in the background.
+    pub events: EventQueue,
     /// Where the operator runs: its config `default` lives here.
     pub namespace: String,
     /// The operator's own pods, never evicted.
@@ -71,7 +73,7 @@ impl Context {
         };
         let identity = OperatorIdentity::new(namespace.clone(), pod_name);
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: EventQueue::start(Recorder::new(client.clone(), reporter), metrics.clone()),
             pdbs,
             client,
             evictor,
@@ -102,16 +104,15 @@ impl Context {
         self.metrics.errors_total.with_label_values(&[step]).inc();
     }
 
-    /// Publishes an Event on the request; failures are only logged (events are best effort).
-    pub async fn event(&self, nm: &NodeMaintenance, warning: bool, reason: &str, note: String) {
-        self.event_with_action(nm, warning, reason, reason, note)
-            .await;
+    /// Queues an Event on the request (see [`EventQueue`]: sent in the background, best effort).
+    pub fn event(&self, nm: &NodeMaintenance, warning: bool, reason: &str, note: String) {
+        self.event_with_action(nm, warning, reason, reason, note);
     }
 
     /// An Event whose `action` differs from its reason. kube's recorder folds Events of the same
     /// reason and action on one object into a series that keeps the first note, so the phase
     /// changes, which share NVIDIA's reason, carry the phase as action to stay apart.
-    pub async fn event_with_action(
+    pub fn event_with_action(
         &self,
         nm: &NodeMaintenance,
         warning: bool,
@@ -120,15 +121,14 @@ impl Context {
         note: String,
     ) {
         let reference: ObjectReference = nm.object_ref(&());
-        self.publish(&reference, warning, reason, action, note, None)
-            .await;
+        self.publish(reference, warning, reason, action, note, None);
     }
 
     /// The Warning Events of a pod deleted past `drainSpec.forceDeleteAfterSeconds`: one on the
     /// request (its `related` object is the pod, which also keeps the Events of several pods
     /// apart: the recorder folds Events by reason, action and related object), and one on the
     /// pod, where the workload's owner looks (its `related` object is the request).
-    pub async fn force_deleted_events(
+    pub fn force_deleted_events(
         &self,
         nm: &NodeMaintenance,
         pod: &ObjectReference,
@@ -137,21 +137,19 @@ impl Context {
     ) {
         let request: ObjectReference = nm.object_ref(&());
         self.publish(
-            &request,
+            request.clone(),
             true,
             reason,
             reason,
             note.clone(),
             Some(pod.clone()),
-        )
-        .await;
-        self.publish(pod, true, reason, reason, note, Some(request))
-            .await;
+        );
+        self.publish(pod.clone(), true, reason, reason, note, Some(request));
     }
 
-    async fn publish(
+    fn publish(
         &self,
-        reference: &ObjectReference,
+        reference: ObjectReference,
         warning: bool,
         reason: &str,
         action: &str,
@@ -169,19 +167,7 @@ impl Context {
             action: action.to_string(),
             secondary,
         };
-        if let Err(err) = self.recorder.publish(&event, reference).await {
-            tracing::warn!(
-                object = %format!(
-                    "{} {}/{}",
-                    reference.kind.as_deref().unwrap_or_default(),
-                    reference.namespace.as_deref().unwrap_or_default(),
-                    reference.name.as_deref().unwrap_or_default()
-                ),
-                %err,
-                "could not publish event"
-            );
-            self.error("event");
-        }
+        self.events.publish(event, reference);
     }
 
     /// Writes the whole status, guarded by the resourceVersion we read, so a concurrent writer
@@ -228,12 +214,12 @@ impl Context {
     ) -> Result<NodeMaintenance, kube::Error> {
         let updated = self.write_status(nm, &write.status).await?;
         if let Some(transition) = &write.transition {
-            self.record_transition(&updated, transition).await;
+            self.record_transition(&updated, transition);
         }
         Ok(updated)
     }
 
-    async fn record_transition(&self, nm: &NodeMaintenance, transition: &Transition) {
+    fn record_transition(&self, nm: &NodeMaintenance, transition: &Transition) {
         let to = transition.to;
         if let (Some(from), Some(spent)) = (transition.from, transition.in_phase_for) {
             self.metrics
@@ -255,8 +241,7 @@ impl Context {
         } else {
             format!("{to}: {}", transition.message)
         };
-        self.event_with_action(nm, false, CONDITION_CHANGED_EVENT_REASON, to.as_str(), note)
-            .await;
+        self.event_with_action(nm, false, CONDITION_CHANGED_EVENT_REASON, to.as_str(), note);
     }
 }
 

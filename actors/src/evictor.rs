@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
 use kube::runtime::reflector::Store;
+use tokio_util::sync::CancellationToken;
 
 use maintenance_core::drain_plan::pdb_selects;
 use maintenance_core::eviction::{
@@ -92,6 +93,21 @@ impl PdbGate {
 }
 
 /// The eviction rate in force.
+/// A budget claim whose eviction call has not been sent: dropped that way (the eviction was
+/// cancelled), it is given back.
+struct UnsentClaim<'a> {
+    gate: &'a PdbGate,
+    claimed: Option<&'a PdbAllowance>,
+}
+
+impl Drop for UnsentClaim<'_> {
+    fn drop(&mut self) {
+        if let Some(claimed) = self.claimed {
+            self.gate.release(claimed);
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EvictionRate {
     pub per_second: u32,
@@ -159,7 +175,9 @@ impl Evictor {
 
     /// Evicts one pod, unless its PodDisruptionBudget's disruptions are all spoken for (then the
     /// outcome is a refusal by that budget, without a call), waiting for the global rate limit
-    /// first. `uid` guards against evicting a new pod that took the old one's name.
+    /// first. `uid` guards against evicting a new pod that took the old one's name. `None` when
+    /// `cancel` fired before the call was sent (a call sent is never abandoned: the API server
+    /// may act on it, and its answer frees the budget's claim).
     pub async fn evict(
         &self,
         namespace: &str,
@@ -167,7 +185,8 @@ impl Evictor {
         uid: Option<&str>,
         labels: &BTreeMap<String, String>,
         is_retry: bool,
-    ) -> EvictionOutcome {
+        cancel: &CancellationToken,
+    ) -> Option<EvictionOutcome> {
         let (verdict, claimed) = self.gate.admit(namespace, labels);
         if let GateVerdict::Hold {
             pdb,
@@ -175,11 +194,19 @@ impl Evictor {
         } = verdict
         {
             self.metrics.evictions_held_total.inc();
-            return GateVerdict::hold_outcome(&pdb, disruptions_allowed);
+            return Some(GateVerdict::hold_outcome(&pdb, disruptions_allowed));
         }
-        if let Some(limiter) = self.current_limiter() {
-            limiter.until_ready().await;
+        // Cancelled while it waits for the rate limit (its request was deleted), the call never
+        // goes out: its claim goes back at once, not after the claim's time-to-live.
+        let mut unsent = UnsentClaim {
+            gate: &self.gate,
+            claimed: claimed.as_ref(),
+        };
+        if !self.wait_for_rate(cancel).await {
+            return None;
         }
+        // From here the API server may act on the call: the claim stays until its answer.
+        unsent.claimed = None;
         if is_retry {
             self.metrics.eviction_retries_total.inc();
         }
@@ -205,7 +232,19 @@ impl Evictor {
             .eviction_requests_total
             .with_label_values(&[result, &code])
             .inc();
-        outcome
+        Some(outcome)
+    }
+
+    /// Waits for the global rate limit; false when `cancel` fires first.
+    async fn wait_for_rate(&self, cancel: &CancellationToken) -> bool {
+        let Some(limiter) = self.current_limiter() else {
+            return !cancel.is_cancelled();
+        };
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => false,
+            _ = limiter.until_ready() => true,
+        }
     }
 
     /// Deletes one pod past `drainSpec.forceDeleteAfterSeconds`, under the same rate limit as
@@ -213,15 +252,17 @@ impl Evictor {
     /// `terminationGracePeriodSeconds` (as an eviction would): only the budget is bypassed, not
     /// the workload's shutdown (preStop hooks, connection draining); a grace period of 0 would
     /// also remove the object before the kubelet confirms the containers stopped. `uid` guards
-    /// against deleting a new pod that took the old one's name.
+    /// against deleting a new pod that took the old one's name. `None` when `cancel` fired before
+    /// the call was sent.
     pub async fn force_delete(
         &self,
         namespace: &str,
         name: &str,
         uid: Option<&str>,
-    ) -> DeleteOutcome {
-        if let Some(limiter) = self.current_limiter() {
-            limiter.until_ready().await;
+        cancel: &CancellationToken,
+    ) -> Option<DeleteOutcome> {
+        if !self.wait_for_rate(cancel).await {
+            return None;
         }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let params = DeleteParams {
@@ -231,7 +272,9 @@ impl Evictor {
             }),
             ..DeleteParams::default()
         };
-        classify_delete(pods.delete(name, &params).await.map(|_| ()))
+        Some(classify_delete(
+            pods.delete(name, &params).await.map(|_| ()),
+        ))
     }
 }
 

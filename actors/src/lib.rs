@@ -5,6 +5,7 @@
 pub mod capacity;
 pub mod context;
 pub mod drainability;
+pub mod events;
 pub mod evictor;
 pub mod metrics;
 pub mod node_actor;

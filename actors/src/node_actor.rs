@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use crate::context::{Context, is_conflict, is_not_found};
 use crate::task::AbortOnDrop;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub enum NodeMsg {
     /// The supervisor saw a newer version of the request.
@@ -42,16 +43,18 @@ pub enum NodeMsg {
     PodsChanged,
     /// A PDB that blocked one of our pods now allows a disruption.
     PdbChanged { namespace: String, name: String },
-    /// One eviction call finished.
+    /// One eviction call finished (`call` as in [`NodeState::calls`]).
     Evicted {
         key: String,
         uid: Option<String>,
+        call: u64,
         outcome: EvictionOutcome,
     },
     /// One deletion past the escalation deadline finished.
     ForceDeleted {
         key: String,
         uid: Option<String>,
+        call: u64,
         outcome: DeleteOutcome,
     },
 }
@@ -79,6 +82,16 @@ pub struct NodeState {
     pdb_watches: HashMap<(String, String), AbortOnDrop>,
     /// The node whose progress gauge this actor set.
     progress_reported: bool,
+    /// Eviction and deletion calls running, by pod key; dropping one cancels it if it has not
+    /// been sent yet (and so does stopping the actor).
+    calls: HashMap<String, RunningCall>,
+    next_call: u64,
+}
+
+/// A call started by this actor: `id` tells its answer from a later call's for the same pod.
+struct RunningCall {
+    id: u64,
+    _cancel: DropGuard,
 }
 
 struct PodWatch {
@@ -99,6 +112,27 @@ impl NodeState {
 
     fn node(&self) -> &str {
         &self.request.spec.node_name
+    }
+
+    /// Registers a new call for `key`: its id, and the token that cancels it.
+    fn start_call(&mut self, key: &str) -> (u64, CancellationToken) {
+        self.next_call += 1;
+        let token = CancellationToken::new();
+        self.calls.insert(
+            key.to_string(),
+            RunningCall {
+                id: self.next_call,
+                _cancel: token.clone().drop_guard(),
+            },
+        );
+        (self.next_call, token)
+    }
+
+    /// The answer of call `id` for `key` arrived: it no longer runs.
+    fn call_answered(&mut self, key: &str, id: u64) {
+        if self.calls.get(key).is_some_and(|call| call.id == id) {
+            self.calls.remove(key);
+        }
     }
 
     /// Runs the step again after `after`, keeping only the earliest pending timer.
@@ -135,6 +169,8 @@ impl Actor for NodeActor {
             reported_pdbs: BTreeMap::new(),
             pdb_watches: HashMap::new(),
             progress_reported: false,
+            calls: HashMap::new(),
+            next_call: 0,
         })
     }
 
@@ -177,14 +213,26 @@ impl Actor for NodeActor {
                 // as the budget allows and holds the rest without a call.
                 state.ledger.wake_blocked_by(&namespace, &name, now);
             }
-            NodeMsg::Evicted { key, uid, outcome } => {
+            NodeMsg::Evicted {
+                key,
+                uid,
+                call,
+                outcome,
+            } => {
                 tracing::debug!(pod = %key, outcome = ?outcome, "eviction answered");
+                state.call_answered(&key, call);
                 state
                     .ledger
                     .record(&key, uid.as_deref(), outcome, now, rand::random::<f64>());
             }
-            NodeMsg::ForceDeleted { key, uid, outcome } => {
+            NodeMsg::ForceDeleted {
+                key,
+                uid,
+                call,
+                outcome,
+            } => {
                 tracing::debug!(pod = %key, outcome = ?outcome, "deletion past the deadline answered");
+                state.call_answered(&key, call);
                 state.ledger.record_force_delete(
                     &key,
                     uid.as_deref(),
@@ -261,9 +309,16 @@ async fn observe_node(state: &NodeState) -> Result<NodeView, kube::Error> {
 /// One step: observe, decide (pure), execute.
 async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), kube::Error> {
     let node = observe_node(state).await?;
+    // Only to name the budgets in the status: a lookup that fails must not hold the step (a
+    // deletion's uncordon, a gone node's release); the next step looks again.
     for (key, namespace, labels) in state.ledger.needs_covering_pdbs() {
-        let pdbs = covering_pdbs(&state.ctx, &namespace, &labels).await?;
-        state.ledger.set_covering_pdbs(&key, pdbs);
+        match covering_pdbs(&state.ctx, &namespace, &labels).await {
+            Ok(pdbs) => state.ledger.set_covering_pdbs(&key, pdbs),
+            Err(err) => {
+                tracing::warn!(request = %state.key(), pod = %key, %err, "could not look up the PodDisruptionBudgets of a pod that several select");
+                break;
+            }
+        }
     }
     let pods: Option<Vec<Pod>> = state.pods.as_ref().and_then(|watch| {
         watch
@@ -296,7 +351,14 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
         state.pods = None;
     }
     let moved = step.transition().is_some();
-    execute(myself, state, &step).await?;
+    let executed = execute(myself, state, &step).await;
+    // Whether or not every action ran: orders that never started are due again, and calls the
+    // ledger no longer waits for are cancelled.
+    let running: BTreeSet<String> = state.calls.keys().cloned().collect();
+    for key in state.ledger.settle_calls(&running, jiff::Timestamp::now()) {
+        state.calls.remove(&key);
+    }
+    executed?;
     sync_pdb_subscriptions(myself, state);
     report_metrics(state, step.last_progress);
     if step.finished {
@@ -365,8 +427,7 @@ async fn execute(
                 );
                 state
                     .ctx
-                    .event(&state.request, false, EventReason::Adopted.as_str(), note)
-                    .await;
+                    .event(&state.request, false, EventReason::Adopted.as_str(), note);
                 // The adopted version is stepped at once, not when the watch brings it back.
                 let _ = myself.cast(NodeMsg::Step);
             }
@@ -397,15 +458,12 @@ async fn execute(
             }
             Action::Event(event) => {
                 let request = state.request.clone();
-                state
-                    .ctx
-                    .event(
-                        &request,
-                        event.warning,
-                        event.reason.as_str(),
-                        event.note.clone(),
-                    )
-                    .await;
+                state.ctx.event(
+                    &request,
+                    event.warning,
+                    event.reason.as_str(),
+                    event.note.clone(),
+                );
             }
             Action::RemoveFinalizer {
                 phase,
@@ -431,9 +489,10 @@ async fn execute(
     Ok(())
 }
 
-fn start_eviction(myself: &ActorRef<NodeMsg>, state: &NodeState, order: EvictionOrder) {
+fn start_eviction(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: EvictionOrder) {
     let ctx = state.ctx.clone();
     let actor = myself.clone();
+    let (call, cancel) = state.start_call(&order.key);
     tokio::spawn(async move {
         let outcome = ctx
             .evictor
@@ -443,11 +502,15 @@ fn start_eviction(myself: &ActorRef<NodeMsg>, state: &NodeState, order: Eviction
                 order.uid.as_deref(),
                 &order.labels,
                 order.is_retry,
+                &cancel,
             )
             .await;
+        // Cancelled before it was sent: nobody waits for an answer.
+        let Some(outcome) = outcome else { return };
         let _ = actor.cast(NodeMsg::Evicted {
             key: order.key,
             uid: order.uid,
+            call,
             outcome,
         });
     });
@@ -455,15 +518,18 @@ fn start_eviction(myself: &ActorRef<NodeMsg>, state: &NodeState, order: Eviction
 
 /// Deletes one pod past the escalation deadline; once the API server accepted it, the Warning
 /// Events (on the request and the pod) and the metric say which budget was bypassed.
-fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &NodeState, order: ForceDeleteOrder) {
+fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: ForceDeleteOrder) {
     let ctx = state.ctx.clone();
     let request = state.request.clone();
     let actor = myself.clone();
+    let (call, cancel) = state.start_call(&order.key);
     tokio::spawn(async move {
         let outcome = ctx
             .evictor
-            .force_delete(&order.namespace, &order.name, order.uid.as_deref())
+            .force_delete(&order.namespace, &order.name, order.uid.as_deref(), &cancel)
             .await;
+        // Cancelled before it was sent: no pod was deleted, nobody waits for an answer.
+        let Some(outcome) = outcome else { return };
         match &outcome {
             DeleteOutcome::Deleted => {
                 tracing::warn!(
@@ -489,8 +555,7 @@ fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &NodeState, order: Forc
                     &pod,
                     EventReason::ForceDeleted.as_str(),
                     order.note.clone(),
-                )
-                .await;
+                );
             }
             DeleteOutcome::Gone => {}
             DeleteOutcome::Error { code, message } => {
@@ -507,6 +572,7 @@ fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &NodeState, order: Forc
         let _ = actor.cast(NodeMsg::ForceDeleted {
             key: order.key,
             uid: order.uid,
+            call,
             outcome,
         });
     });
@@ -566,7 +632,11 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
         return;
     }
     let api: Api<Pod> = Api::all(state.ctx.client.clone());
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", state.node()));
+    // One WATCH that starts with the current pods (sendInitialEvents) instead of a LIST and a
+    // WATCH: a call less per drained node.
+    let config = watcher::Config::default()
+        .fields(&format!("spec.nodeName={}", state.node()))
+        .streaming_lists();
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
@@ -574,8 +644,7 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
             pod.managed_fields_mut().clear();
         }),
     )
-    .default_backoff()
-    .touched_objects();
+    .default_backoff();
     let actor = myself.clone();
     let node = state.node().to_string();
     let queued = Arc::new(AtomicBool::new(false));
@@ -587,7 +656,9 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
                 tracing::debug!(%node, %err, "pod watch error; the watcher retries");
                 continue;
             }
-            // The reflector stored the event before yielding it, so the next read sees it.
+            // Every event, a re-list's end (InitDone) included: the store applied it before the
+            // reflector yielded it, so the next read sees it. (Objects alone would say nothing
+            // when a re-list after an outage finds that pods ended meanwhile.)
             if !queued_flag.swap(true, Ordering::AcqRel) {
                 let _ = actor.cast(NodeMsg::PodsChanged);
             }

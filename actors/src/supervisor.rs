@@ -34,7 +34,7 @@ use maintenance_core::drainability::PreferDrainable;
 use maintenance_core::explain::{Explanations, Observed};
 use maintenance_core::lifecycle::EventReason;
 use maintenance_core::ownership::{self, NodeIdentity};
-use maintenance_core::scheduler::{self, Limits, Snapshot};
+use maintenance_core::scheduler::{self, Limits, Snapshot, WaitCause};
 
 /// Writes (initial Pending status, owner references, admissions, reasons) made concurrently in
 /// one round.
@@ -48,10 +48,17 @@ pub enum SupervisorMsg {
     Changed,
     /// The safety-net period passed.
     Tick,
-    /// A maintenance window is due to open (see `wake_at_window_opening`).
+    /// A maintenance window is due to open (see `wake_at`).
     WindowOpening,
-    /// An admission's writes (started by a round, not awaited by it) are answered.
-    Admitted { uid: String, outcome: AdmitOutcome },
+    /// A request whose admission failed may be tried again (see `wake_at`).
+    AdmissionRetryDue,
+    /// An admission's writes (started by a round, not awaited by it) are answered; `attempted`
+    /// is the resourceVersion they were built on.
+    Admitted {
+        uid: String,
+        attempted: Option<String>,
+        outcome: AdmitOutcome,
+    },
     /// Pending writes (first status, owners, reasons) started by a round are answered, each
     /// with the resourceVersion it wrote (`None`: nothing written); the cache's events for them
     /// bring the next round.
@@ -61,13 +68,17 @@ pub enum SupervisorMsg {
 }
 
 /// How an admission's writes ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdmitOutcome {
     Done,
-    /// The request changed or went away meanwhile: the next round decides again.
+    /// The request changed or went away meanwhile (conflict, not found): the cache is behind,
+    /// and a round decides again once it shows the request's next version.
     Changed,
-    /// Another error (logged and counted): the next round tries again.
-    Failed,
+    /// Another error (logged and counted), as the request's Pending message will quote it: the
+    /// request backs off ([`scheduler::admission_retry_delay`]) and the next one takes its slot.
+    Failed {
+        error: String,
+    },
 }
 
 pub struct Supervisor;
@@ -93,6 +104,14 @@ pub struct SupervisorState {
     /// the write nor writes them again, nor admits them, until the cache shows it (a write
     /// guarded by the version the cache shows would only conflict).
     writing: HashMap<String, Option<String>>,
+    /// Pending requests whose last admission failed, and when they may be tried again; the
+    /// scheduler lets the next request take the slot meanwhile. Cleared on success and when the
+    /// request is gone, deleted or past Pending.
+    admission_retries: HashMap<String, scheduler::AdmissionRetry>,
+    /// Pending requests whose admission met a newer object than the cache showed (or none), with
+    /// the resourceVersion it was built on: not tried again until the cache shows another
+    /// version (or drops the request), as the same write would only fail the same way.
+    stale_admissions: HashMap<String, String>,
     /// Failed actors and when they may start again.
     restarts: HashMap<String, (u32, Instant)>,
     change_queued: Arc<AtomicBool>,
@@ -104,6 +123,8 @@ pub struct SupervisorState {
     collection_wake: Option<jiff::Timestamp>,
     /// When a round is already due for the next opening of a maintenance window.
     window_wake: Option<jiff::Timestamp>,
+    /// When a round is already due for the next admission retry.
+    retry_wake: Option<jiff::Timestamp>,
 }
 
 fn spawn_watch<K>(
@@ -216,12 +237,15 @@ impl Actor for Supervisor {
             admitted: HashSet::new(),
             admitting: HashSet::new(),
             writing: HashMap::new(),
+            admission_retries: HashMap::new(),
+            stale_admissions: HashMap::new(),
             restarts: HashMap::new(),
             change_queued: queued,
             log_level: None,
             explanations: Explanations::default(),
             collection_wake: None,
             window_wake: None,
+            retry_wake: None,
         })
     }
 
@@ -240,13 +264,42 @@ impl Actor for Supervisor {
             // This round arms the timer again for whatever opening is next (the same one, should
             // the timer have fired a moment early by the wall clock).
             SupervisorMsg::WindowOpening => state.window_wake = None,
-            SupervisorMsg::Admitted { uid, outcome } => {
+            SupervisorMsg::AdmissionRetryDue => state.retry_wake = None,
+            SupervisorMsg::Admitted {
+                uid,
+                attempted,
+                outcome,
+            } => {
                 state.admitting.remove(&uid);
-                if outcome == AdmitOutcome::Done {
-                    state.admitted.insert(uid);
-                    state.ctx.metrics.requests_admitted_total.inc();
-                    // The cache's event for the Scheduled status brings the next round.
-                    return Ok(());
+                match outcome {
+                    AdmitOutcome::Done => {
+                        state.admission_retries.remove(&uid);
+                        state.admitted.insert(uid);
+                        state.ctx.metrics.requests_admitted_total.inc();
+                        // The cache's event for the Scheduled status brings the next round.
+                        return Ok(());
+                    }
+                    // No time backoff: the request did nothing wrong, the cache is only behind,
+                    // and a wait would hand its slot to the next request (with
+                    // maxParallelOperations=1, for a whole maintenance) over a label edit. It
+                    // keeps its turn instead, without a write, until the cache shows its next
+                    // version (the event that brings that round is on its way); so a retry is
+                    // never the same write again, and the round below cannot spin.
+                    AdmitOutcome::Changed => {
+                        if let Some(version) = attempted {
+                            state.stale_admissions.insert(uid, version);
+                        }
+                    }
+                    // The round below admits the next request in its place.
+                    AdmitOutcome::Failed { error } => {
+                        let retry = scheduler::AdmissionRetry::after_failure(
+                            state.admission_retries.get(&uid),
+                            error,
+                            jiff::Timestamp::now(),
+                        );
+                        tracing::info!(%uid, failures = retry.failures, retry_at = %retry.at, "admission backs off");
+                        state.admission_retries.insert(uid, retry);
+                    }
                 }
             }
             SupervisorMsg::Written { written } => {
@@ -371,6 +424,16 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             (Some(_), None) => true,
             (Some(request), Some(version)) => !lifecycle::shows_version(request, version),
         });
+    state.admission_retries.retain(|uid, _| {
+        cached
+            .get(uid)
+            .is_some_and(|r| r.phase() == Phase::Pending && !r.is_deleting())
+    });
+    state.stale_admissions.retain(|uid, attempted| {
+        cached
+            .get(uid)
+            .is_some_and(|r| r.resource_version().as_deref() == Some(attempted.as_str()))
+    });
 
     let nodes_by_name: HashMap<String, &Arc<Node>> =
         nodes.iter().map(|n| (n.name_any(), n)).collect();
@@ -382,13 +445,13 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         Snapshot::from_objects(nodes.iter().map(|n| &**n), requests.iter().map(|r| &**r));
     for request in &mut snapshot.requests {
         let key = (request.namespace.clone(), request.name.clone());
-        if by_key
-            .get(&key)
-            .and_then(|r| r.uid())
-            .is_some_and(|uid| state.admitted.contains(&uid) || state.admitting.contains(&uid))
-        {
+        let Some(uid) = by_key.get(&key).and_then(|r| r.uid()) else {
+            continue;
+        };
+        if state.admitted.contains(&uid) || state.admitting.contains(&uid) {
             request.phase = Phase::Scheduled;
         }
+        request.admission_retry = state.admission_retries.get(&uid).cloned();
     }
     update_phase_gauge(&ctx, &requests);
     let mut prefer = PreferDrainable::from_config(config_spec.as_ref());
@@ -417,7 +480,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .unwrap_or_default();
     }
     let now = jiff::Timestamp::now();
-    let mut first_reasons: HashMap<(String, String), String> = HashMap::new();
+    let mut first_reasons: HashMap<(String, String), (String, WaitCause)> = HashMap::new();
     match scheduler::schedule_observed(&snapshot, &limits, &prefer, &capacity, now) {
         Ok(decision) => {
             ctx.metrics
@@ -441,11 +504,19 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             ctx.metrics.set_budgets(&samples);
             ctx.metrics
                 .set_waiting(decision.waiting.iter().map(|w| w.cause));
-            wake_at_window_opening(
+            wake_at(
                 myself,
                 &mut state.window_wake,
                 decision.next_window_opening,
                 now,
+                || SupervisorMsg::WindowOpening,
+            );
+            wake_at(
+                myself,
+                &mut state.retry_wake,
+                decision.next_admission_retry,
+                now,
+                || SupervisorMsg::AdmissionRetryDue,
             );
             let to_admit: Vec<Arc<NodeMaintenance>> = decision
                 .scheduled
@@ -458,11 +529,16 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                 .collect();
             // The decision is made; its writes are independent of each other, and the round does
             // not wait for them: the requests count as in maintenance until they are answered.
+            // A stale one keeps the place the decision gave it, without a write.
             for request in to_admit {
                 let Some(uid) = request.uid() else { continue };
-                if state.writing.contains_key(&uid) || !state.admitting.insert(uid.clone()) {
+                if state.writing.contains_key(&uid)
+                    || state.stale_admissions.contains_key(&uid)
+                    || !state.admitting.insert(uid.clone())
+                {
                     continue;
                 }
+                let attempted = request.resource_version();
                 let ctx = ctx.clone();
                 let node = nodes_by_name
                     .get(&request.spec.node_name)
@@ -494,15 +570,24 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                         Err(err) => {
                             tracing::warn!(request = %request.key(), %err, "could not admit request; will retry");
                             ctx.error("admit");
-                            AdmitOutcome::Failed
+                            AdmitOutcome::Failed {
+                                error: api_message(&err),
+                            }
                         }
                     }
                 });
                 // Answered whatever happens to the writes (even a panic), or the request would
                 // hold its slot for good.
                 tokio::spawn(async move {
-                    let outcome = writes.await.unwrap_or(AdmitOutcome::Failed);
-                    let _ = supervisor.cast(SupervisorMsg::Admitted { uid, outcome });
+                    let outcome = writes.await.unwrap_or_else(|_| AdmitOutcome::Failed {
+                        error: "the admission stopped unexpectedly (see the operator's log)"
+                            .to_string(),
+                    });
+                    let _ = supervisor.cast(SupervisorMsg::Admitted {
+                        uid,
+                        attempted,
+                        outcome,
+                    });
                 });
             }
             // A request for a node that does not exist says when it will be collected.
@@ -526,7 +611,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             );
             first_reasons = waiting
                 .into_iter()
-                .map(|w| ((w.key.namespace, w.key.name), w.reason))
+                .map(|w| ((w.key.namespace, w.key.name), (w.reason, w.cause)))
                 .collect();
         }
         Err(err) => {
@@ -538,7 +623,14 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     // task, which then admits the version that write returned (a Pending write here would make
     // the admission's guarded patch conflict and cost a round); the others get Pending with
     // their reason in their first write.
-    let busy: HashSet<String> = state.admitted.union(&state.admitting).cloned().collect();
+    // A stale admission's next attempt writes Pending itself, like a first one.
+    let busy: HashSet<String> = state
+        .admitted
+        .iter()
+        .chain(&state.admitting)
+        .chain(state.stale_admissions.keys())
+        .cloned()
+        .collect();
     let explained = prepare_pending_requests(
         myself,
         &ctx,
@@ -548,8 +640,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         &mut state.writing,
         &first_reasons,
     );
-    for uid in explained {
-        state.explanations.written(uid, now);
+    for (uid, cause) in explained {
+        state.explanations.written(uid, cause, now);
     }
 
     sync_actors(myself, state, &requests).await;
@@ -559,25 +651,36 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .observe(started.elapsed().as_secs_f64());
 }
 
-/// Admission starts when a window opens, not at the next safety-net tick: a round is arranged
-/// just after the earliest opening of a closed window. One timer at a time; an earlier opening
-/// (a config edit) arms another.
-fn wake_at_window_opening(
+/// Admission starts when a window opens or an admission's backoff ends, not at the next
+/// safety-net tick: a round is arranged (by `message`) just after `due`, the earliest such time
+/// the decision names. One timer at a time per `armed`; an earlier time (a config edit, a newer
+/// failure) arms another.
+fn wake_at(
     myself: &ActorRef<SupervisorMsg>,
     armed: &mut Option<jiff::Timestamp>,
-    opening: Option<jiff::Timestamp>,
+    due: Option<jiff::Timestamp>,
     now: jiff::Timestamp,
+    message: fn() -> SupervisorMsg,
 ) {
-    // A little after the opening, so that the round reads the window as open even if the
-    // timer's clock and the wall clock differ by a few milliseconds.
+    // A little after the time, so that the round reads the window as open (the retry as due)
+    // even if the timer's clock and the wall clock differ by a few milliseconds.
     const MARGIN: jiff::SignedDuration = jiff::SignedDuration::from_millis(200);
-    let Some(at) = opening.and_then(|at| at.checked_add(MARGIN).ok()) else {
+    let Some(at) = due.and_then(|at| at.checked_add(MARGIN).ok()) else {
         return;
     };
     if armed.is_none_or(|fires| at < fires) {
         *armed = Some(at);
         let delay = Duration::try_from(at.duration_since(now)).unwrap_or_default();
-        myself.send_after(delay, || SupervisorMsg::WindowOpening);
+        myself.send_after(delay, message);
+    }
+}
+
+/// What the API server said, without kube's wrapping: it is quoted in the request's Pending
+/// message.
+fn api_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -669,8 +772,7 @@ async fn collect(
     // After the deletion, so that a refused one says nothing; the Event outlives the request.
     let note = cause.describe(request);
     tracing::info!(request = %request.key(), cause = cause.metric_label(), "{note}");
-    ctx.event(request, true, EventReason::GarbageCollected.as_str(), note)
-        .await;
+    ctx.event(request, true, EventReason::GarbageCollected.as_str(), note);
     Ok(true)
 }
 
@@ -721,6 +823,7 @@ fn explain_waiting(
         observed.push(Observed {
             key: uid.clone(),
             reason: &entry.reason,
+            cause: entry.cause,
             message: &condition.message,
         });
         by_uid.insert(uid, (request, &entry.reason));
@@ -802,9 +905,9 @@ fn spawn_writes<T, F, Fut>(
 }
 
 /// New requests that the round did not admit get a Pending condition with the round's reason, so
-/// `kubectl get nm` shows them as waiting and why, and
-/// every Pending request gets its Node as owner as soon as the node is known (in the same first
-/// write for a new one), so deleting the node garbage-collects requests that never started.
+/// `kubectl get nm` shows them as waiting and why, and a Pending request that has waited
+/// [`ownership::PENDING_OWNER_DELAY`] gets its Node as owner, so deleting the node
+/// garbage-collects requests that never started (the admission writes it for the others).
 /// Requests admitted but still shown Pending by the cache are left to `admit`.
 fn prepare_pending_requests(
     myself: &ActorRef<SupervisorMsg>,
@@ -813,9 +916,11 @@ fn prepare_pending_requests(
     nodes_by_name: &HashMap<String, &Arc<Node>>,
     admitted: &HashSet<String>,
     writing: &mut HashMap<String, Option<String>>,
-    reasons: &HashMap<(String, String), String>,
-) -> Vec<String> {
+    reasons: &HashMap<(String, String), (String, WaitCause)>,
+) -> Vec<(String, WaitCause)> {
+    let now = jiff::Timestamp::now();
     type Work = (bool, Option<Vec<OwnerReference>>, String);
+    let mut explained = Vec::new();
     let mut work: Vec<(Arc<NodeMaintenance>, Work)> = Vec::new();
     for request in requests {
         if request.is_deleting()
@@ -827,25 +932,27 @@ fn prepare_pending_requests(
             continue;
         }
         let is_new = is_new(request);
-        let owners = ownership::owner_references(
-            request.owner_references(),
-            node_identity(nodes_by_name.get(&request.spec.node_name).copied()),
-        );
+        let created = request.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let owners = ownership::pending_owner_due(created, now)
+            .then(|| {
+                ownership::owner_references(
+                    request.owner_references(),
+                    node_identity(nodes_by_name.get(&request.spec.node_name).copied()),
+                )
+            })
+            .flatten();
         if is_new || owners.is_some() {
             let key = (request.namespace().unwrap_or_default(), request.name_any());
-            let reason = reasons
-                .get(&key)
-                .map_or("waiting for admission", String::as_str)
-                .to_string();
-            work.push((Arc::clone(request), (is_new, owners, reason)));
+            let reason = reasons.get(&key);
+            // The new ones get their first reason in this write: the caller records it as
+            // explained.
+            if let (true, Some((_, cause)), Some(uid)) = (is_new, reason, request.uid()) {
+                explained.push((uid, *cause));
+            }
+            let reason = reason.map_or("waiting for admission", |(reason, _)| reason.as_str());
+            work.push((Arc::clone(request), (is_new, owners, reason.to_string())));
         }
     }
-    // The new ones get their first reason in this write: the caller records it as explained.
-    let explained: Vec<String> = work
-        .iter()
-        .filter(|(_, (is_new, _, _))| *is_new)
-        .filter_map(|(request, _)| request.uid())
-        .collect();
     spawn_writes(
         myself,
         writing,

@@ -2,12 +2,15 @@
 //!
 //! The scheduler says why each Pending request waits; the supervisor writes that into the
 //! request's Pending condition so `kubectl describe nm` answers "why is my request still
-//! Pending?". Reasons that move with every admission (counts in a busy cluster) would make a
-//! write per request per round, so each request is rewritten at most every [`EXPLAIN_INTERVAL`],
-//! and at most [`EXPLAIN_PER_ROUND`] per round. A change of the limits is different: a person
-//! just edited the config and looks at the requests now, so messages written under the old
-//! limits are rewritten at once (still bounded per round; the rest follow in the next rounds
-//! without waiting for the interval).
+//! Pending?". Reasons carry counts that move with every admission in a busy cluster ("100 nodes
+//! are in maintenance"), and a thousand waiting requests rewritten every few seconds would be a
+//! steady load on the API server for nothing new. So a message whose cause is the same (still
+//! `maxParallelOperations`, with other counts) is refreshed at most every
+//! [`SAME_CAUSE_INTERVAL`]; a new cause (the slots are free now, but a window is closed) is
+//! written after [`EXPLAIN_INTERVAL`]; and at most [`EXPLAIN_PER_ROUND`] per round. A change of
+//! the limits is different: a person just edited the config and looks at the requests now, so
+//! messages written under the old limits are rewritten at once (still bounded per round; the rest
+//! follow in the next rounds without waiting for an interval).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -15,18 +18,22 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::scheduler::Limits;
+use crate::scheduler::{Limits, WaitCause};
 
-/// How often one request's message may be rewritten while the limits stay the same.
+/// How often one request's message may be rewritten when its cause changed.
 pub const EXPLAIN_INTERVAL: Duration = Duration::from_secs(10);
+/// How often one request's message may be refreshed while its cause stays the same (only the
+/// counts in it moved).
+pub const SAME_CAUSE_INTERVAL: Duration = Duration::from_secs(60);
 /// Most rewrites in one round, so a config edit in a big cluster is a burst of bounded size.
 pub const EXPLAIN_PER_ROUND: usize = 64;
 
-/// When a request's message was last written, and under which limits (see [`Explanations`]).
+/// When a request's message was last written, under which limits, and for which cause.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Explained {
     pub at: Timestamp,
     pub limits_epoch: u64,
+    pub cause: WaitCause,
 }
 
 /// A Pending request that the scheduler left waiting, as the rewrite decision sees it.
@@ -35,6 +42,7 @@ pub struct WaitingRequest<'a, K> {
     pub key: K,
     /// Why the scheduler leaves it waiting now.
     pub reason: &'a str,
+    pub cause: WaitCause,
     /// The message its Pending condition shows now.
     pub message: &'a str,
     /// When we last rewrote it; `None` if never (or not since it last stopped waiting).
@@ -49,16 +57,20 @@ pub fn to_explain<K: Clone>(
     limits_epoch: u64,
     now: Timestamp,
 ) -> Vec<K> {
-    let interval =
-        jiff::SignedDuration::try_from(EXPLAIN_INTERVAL).unwrap_or(jiff::SignedDuration::MAX);
+    let passed = |since: Timestamp, interval: Duration| {
+        let interval =
+            jiff::SignedDuration::try_from(interval).unwrap_or(jiff::SignedDuration::MAX);
+        // A clock that went back counts as "just now": wait rather than write twice.
+        now.duration_since(since) >= interval
+    };
     waiting
         .iter()
         .filter(|w| w.reason != w.message)
         .filter(|w| match w.last {
             None => true,
             Some(last) if last.limits_epoch != limits_epoch => true,
-            // A clock that went back counts as "just now": wait rather than write twice.
-            Some(last) => now.duration_since(last.at) >= interval,
+            Some(last) if last.cause != w.cause => passed(last.at, EXPLAIN_INTERVAL),
+            Some(last) => passed(last.at, SAME_CAUSE_INTERVAL),
         })
         .take(EXPLAIN_PER_ROUND)
         .map(|w| w.key.clone())
@@ -74,11 +86,12 @@ pub struct Explanations<K> {
     explained: HashMap<K, Explained>,
 }
 
-/// One waiting request as the supervisor observed it: its key, the scheduler's reason and the
-/// message its Pending condition shows.
+/// One waiting request as the supervisor observed it: its key, the scheduler's reason and cause,
+/// and the message its Pending condition shows.
 pub struct Observed<'a, K> {
     pub key: K,
     pub reason: &'a str,
+    pub cause: WaitCause,
     pub message: &'a str,
 }
 
@@ -104,19 +117,17 @@ impl<K: Clone + Eq + Hash> Explanations<K> {
             .map(|w| WaitingRequest {
                 key: w.key.clone(),
                 reason: w.reason,
+                cause: w.cause,
                 message: w.message,
                 last: self.explained.get(&w.key).copied(),
             })
             .collect();
         let chosen = to_explain(&candidates, self.limits_epoch, now);
+        let causes: HashMap<&K, WaitCause> = waiting.iter().map(|w| (&w.key, w.cause)).collect();
         for key in &chosen {
-            self.explained.insert(
-                key.clone(),
-                Explained {
-                    at: now,
-                    limits_epoch: self.limits_epoch,
-                },
-            );
+            if let Some(&cause) = causes.get(key) {
+                self.written(key.clone(), cause, now);
+            }
         }
         chosen
     }
@@ -124,12 +135,13 @@ impl<K: Clone + Eq + Hash> Explanations<K> {
     /// Records a message written elsewhere (a new request's first Pending carries its reason):
     /// its next rewrite waits for the interval like any other, instead of following at once
     /// because the counts in the reason moved by one.
-    pub fn written(&mut self, key: K, now: Timestamp) {
+    pub fn written(&mut self, key: K, cause: WaitCause, now: Timestamp) {
         self.explained.insert(
             key,
             Explained {
                 at: now,
                 limits_epoch: self.limits_epoch,
+                cause,
             },
         );
     }
@@ -161,15 +173,19 @@ mod tests {
         WaitingRequest {
             key,
             reason,
+            cause: SLOTS,
             message,
             last,
         }
     }
 
+    const SLOTS: WaitCause = WaitCause::MaxParallelOperations;
+
     fn explained(at_second: i64, limits_epoch: u64) -> Option<Explained> {
         Some(Explained {
             at: at(at_second),
             limits_epoch,
+            cause: SLOTS,
         })
     }
 
@@ -192,13 +208,20 @@ mod tests {
         assert_eq!(to_explain(&list, 0, at(0)), ["a"]);
     }
 
+    /// Only the counts moved (same cause): refreshed once a minute. A new cause: after 10 s.
     #[test]
-    fn same_limits_throttle_each_request_to_the_interval() {
+    fn same_limits_throttle_each_request_by_whether_its_cause_changed() {
         let list = [
-            waiting("recent", "new", "old", explained(95, 3)),
-            waiting("due", "new", "old", explained(90, 3)),
+            waiting("recent", "new", "old", explained(50, 3)),
+            waiting("due", "new", "old", explained(40, 3)),
         ];
         assert_eq!(to_explain(&list, 3, at(100)), ["due"]);
+        let window = WaitingRequest {
+            cause: WaitCause::MaintenanceWindows,
+            ..waiting("new-cause", "window closed", "old", explained(89, 3))
+        };
+        assert!(to_explain(std::slice::from_ref(&window), 3, at(98)).is_empty());
+        assert_eq!(to_explain(&[window], 3, at(99)), ["new-cause"]);
     }
 
     #[test]
@@ -226,6 +249,7 @@ mod tests {
             .map(|name| WaitingRequest {
                 key: name.as_str(),
                 reason: "new",
+                cause: SLOTS,
                 message: "old",
                 last: explained(99, 0),
             })
@@ -259,6 +283,7 @@ mod tests {
                 .map(|(key, reason, message)| Observed {
                     key: key.clone(),
                     reason,
+                    cause: SLOTS,
                     message,
                 })
                 .collect();
@@ -302,13 +327,14 @@ mod tests {
             [Observed {
                 key: "a",
                 reason,
+                cause: SLOTS,
                 message: "old",
             }]
         };
         assert_eq!(memory.round(&limits(1), &observed("x"), at(0)), ["a"]);
         // Not waiting in this round (admitted, or deleted).
         assert!(memory.round(&limits(1), &[], at(1)).is_empty());
-        // Waiting again: explained at once, not 10 s after the first time.
+        // Waiting again: explained at once, not an interval after the first time.
         assert_eq!(memory.round(&limits(1), &observed("y"), at(2)), ["a"]);
     }
 
@@ -319,13 +345,15 @@ mod tests {
     fn a_first_pending_written_elsewhere_is_throttled_like_an_explanation() {
         let mut memory: Explanations<&str> = Explanations::default();
         memory.round(&limits(1), &[], at(0));
-        memory.written("a", at(0));
+        memory.written("a", SLOTS, at(0));
         let observed = [Observed {
             key: "a",
             reason: "2 in maintenance",
+            cause: SLOTS,
             message: "1 in maintenance",
         }];
         assert!(memory.round(&limits(1), &observed, at(1)).is_empty());
-        assert_eq!(memory.round(&limits(1), &observed, at(10)), ["a"]);
+        assert!(memory.round(&limits(1), &observed, at(59)).is_empty());
+        assert_eq!(memory.round(&limits(1), &observed, at(60)), ["a"]);
     }
 }

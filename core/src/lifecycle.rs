@@ -30,8 +30,10 @@ use crate::eviction::{DeleteOutcome, EvictionOutcome};
 
 /// Drain progress is written at most this often, so a thousand evictions are not a thousand
 /// writes: at 1 s a drain wrote about one status per evicted pod. NVIDIA's controller writes it
-/// every 10 s (`drainReqeueTime`, internal/controller/nodemaintenance_controller.go); the first
-/// write, a timeout, a bypassed budget and the phase change are written at once all the same.
+/// every 10 s (`drainReqeueTime`, internal/controller/nodemaintenance_controller.go). The first
+/// drain status waits for the interval after the write that entered Draining, so a drain done
+/// within it costs no progress write at all; a timeout, a bypassed budget and the phase change are
+/// written at once all the same.
 pub const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(5);
 /// Retry cadence for a blocked eviction once the drain has timed out: slow, but it recovers.
 pub const SLOW_RETRY: Duration = Duration::from_secs(30);
@@ -39,9 +41,19 @@ pub const SLOW_RETRY: Duration = Duration::from_secs(30);
 pub const HELD_RECHECK: Duration = Duration::from_secs(2);
 /// While draining, the step runs at least this often (progress metrics, timeout).
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// While waiting for pods to complete, the step looks again at least this often, whether or not
+/// the pod watch said anything: a watch that re-lists after an outage does not report the pods
+/// that ended meanwhile, and a wait without a timeout would otherwise never end.
+pub const WAIT_RECHECK: Duration = Duration::from_secs(30);
 /// Bounds of the per-pod eviction backoff.
 pub const EVICTION_MIN_BACKOFF: Duration = Duration::from_millis(500);
 pub const EVICTION_MAX_BACKOFF: Duration = Duration::from_secs(15);
+/// How long a request stays Ready before NVIDIA's `ready-time` annotation is written (with the
+/// time Ready began). The annotation only feeds garbage collection, an hour later by default, and
+/// ours counts from the Ready condition without it; a requestor that was waiting for Ready
+/// usually releases the request within this delay, which then costs no write at all, and the
+/// status that shows Ready is not held back by a write before it.
+pub const READY_TIME_DELAY: Duration = Duration::from_secs(5);
 /// Deadlines are woken a little late, so the step that runs sees them passed.
 const TIMER_SLACK: Duration = Duration::from_millis(100);
 
@@ -436,6 +448,28 @@ impl Ledger {
         }
     }
 
+    /// Squares the ledger with the calls (evictions, deletions) the actor has running, after a
+    /// step's actions ran or one of them failed. An entry marked in flight whose call is not
+    /// running never started (an action before it in the step failed): it is due again now, or
+    /// it would wait for an answer that never comes and its pod would never be evicted. Returns
+    /// the running calls the ledger no longer waits for (the drain stopped: the request was
+    /// deleted, its requestor failed, the phase moved on, or the pod went away), which the actor
+    /// cancels: one not sent yet never is, so nothing more is evicted for a drain that stopped.
+    pub fn settle_calls(&mut self, running: &BTreeSet<String>, now: Timestamp) -> Vec<String> {
+        for (key, entry) in self.evictions.iter_mut() {
+            if entry.in_flight && !running.contains(key) {
+                entry.in_flight = false;
+                entry.attempts = entry.attempts.saturating_sub(1);
+                entry.next_attempt = now;
+            }
+        }
+        running
+            .iter()
+            .filter(|key| self.evictions.get(*key).is_none_or(|e| !e.in_flight))
+            .cloned()
+            .collect()
+    }
+
     /// A PDB changed (or is gone): the pods it blocked may retry at once. All of them are woken;
     /// the evictor's per-budget gate ([`crate::eviction::TokenBook`]) lets as many calls through as
     /// the budget allows and holds the rest back without a call.
@@ -690,25 +724,7 @@ pub fn step(
     if phase != Phase::Pending && !has_finalizer(request) {
         step.actions.insert(0, Action::AddFinalizer);
     }
-    record_ready_time_before_ready(request, &mut step, now);
     step
-}
-
-/// NVIDIA's `ready-time` goes in just before the status write that shows Ready, not after it: a
-/// requestor releases the request the moment it sees Ready, and a write after that races the
-/// deletion (a conflict, a re-read, and the write again).
-fn record_ready_time_before_ready(request: &NodeMaintenance, step: &mut Step, now: Timestamp) {
-    if conditions::annotation_time(request, READY_TIME_ANNOTATION).is_some() {
-        return;
-    }
-    let enters_ready = step.actions.iter().position(|action| {
-        matches!(action, Action::WriteStatus(write)
-            if write.transition.as_ref().is_some_and(|t| t.to == Phase::Ready))
-    });
-    if let Some(index) = enters_ready {
-        step.actions
-            .insert(index, Action::RecordReadyTime { at: now });
-    }
 }
 
 fn step_in_phase(
@@ -831,18 +847,24 @@ fn on_deletion(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestam
     // between the two must not leave the node cordoned). An uncordon we turn out not to owe sets
     // `unschedulable: false` on a node that already has it.
     let cordon_done = phase != Phase::Pending;
-    if cordon_done && we_cordon(request) && matches!(observed.node, NodeView::Present { .. }) {
+    let uncordon =
+        cordon_done && we_cordon(request) && matches!(observed.node, NodeView::Present { .. });
+    if uncordon {
         actions.push(Action::Uncordon);
+    }
+    actions.push(Action::RemoveFinalizer {
+        phase,
+        in_phase_for: in_phase_for(request, now),
+    });
+    // Events follow the writes they report: a write that conflicts runs the step again, and an
+    // Event sent before it would be sent twice.
+    if uncordon {
         actions.push(Action::Event(Event {
             warning: false,
             reason: EventReason::Uncordon,
             note: format!("uncordoned {}", request.spec.node_name),
         }));
     }
-    actions.push(Action::RemoveFinalizer {
-        phase,
-        in_phase_for: in_phase_for(request, now),
-    });
     Step {
         actions,
         finished: true,
@@ -869,15 +891,16 @@ fn on_node_gone(request: &NodeMaintenance, now: Timestamp) -> Step {
     step.actions.push(enter(request, phase, &message, now, |s| {
         s.wait_for_completion.clear();
     }));
+    step.actions.push(Action::RemoveFinalizer {
+        phase,
+        in_phase_for: in_phase_for(request, now),
+    });
+    // Last, after the writes it reports (see `on_deletion`).
     step.actions.push(Action::Event(Event {
         warning: true,
         reason: EventReason::NodeGone,
         note: message,
     }));
-    step.actions.push(Action::RemoveFinalizer {
-        phase,
-        in_phase_for: in_phase_for(request, now),
-    });
     step
 }
 
@@ -903,11 +926,14 @@ pub fn admission_annotations(
     annotations
 }
 
-/// Ready without NVIDIA's `ready-time` annotation gets it, as NVIDIA's `handleTerminalState`
-/// does: the time the `Ready` condition turned True. It is written once: a request that is Ready
-/// again after a requestor's failure was cleared keeps counting from its first Ready, as NVIDIA's.
-/// (NVIDIA also writes it in RequestorFailed, reachable there only from Ready; ours can fail
-/// before Ready, and garbage collection spares RequestorFailed, so it is not needed there.)
+/// Ready without NVIDIA's `ready-time` annotation gets it once it has been Ready for
+/// [`READY_TIME_DELAY`], with the time the `Ready` condition turned True. NVIDIA's
+/// `handleTerminalState` writes it in the reconcile after the one that set Ready (so it, too,
+/// never holds Ready back, and may lose the race with a quick release). It is written once: a
+/// request that is Ready again after a requestor's failure was cleared keeps counting from its
+/// first Ready, as NVIDIA's. (NVIDIA also writes it in RequestorFailed, reachable there only from
+/// Ready; ours can fail before Ready, and garbage collection spares RequestorFailed, so it is not
+/// needed there.)
 fn record_ready_time(request: &NodeMaintenance, now: Timestamp) -> Step {
     let mut step = Step::default();
     if conditions::annotation_time(request, READY_TIME_ANNOTATION).is_some() {
@@ -916,10 +942,14 @@ fn record_ready_time(request: &NodeMaintenance, now: Timestamp) -> Step {
     let ready_since = request
         .condition(condition_type::READY)
         .filter(|c| c.status == "True")
-        .map(|c| c.last_transition_time.0);
-    step.actions.push(Action::RecordReadyTime {
-        at: ready_since.unwrap_or(now),
-    });
+        .map_or(now, |c| c.last_transition_time.0);
+    let due = after(ready_since, READY_TIME_DELAY);
+    if now >= due {
+        step.actions
+            .push(Action::RecordReadyTime { at: ready_since });
+    } else {
+        step.wake(after(due, TIMER_SLACK));
+    }
     step
 }
 
@@ -1076,6 +1106,7 @@ fn on_wait_for_completion(
             }));
         return step;
     }
+    step.wake(after(now, WAIT_RECHECK));
     let timeout = Duration::from_secs(u64::from(spec.timeout_seconds()));
     let since = conditions::phase_since(request).unwrap_or(now);
     if !timeout.is_zero() {
@@ -1086,11 +1117,6 @@ fn on_wait_for_completion(
                 waiting.len(),
                 waiting.join(", ")
             );
-            step.actions.push(Action::Event(Event {
-                warning: true,
-                reason: EventReason::WaitForPodCompletionTimeout,
-                note,
-            }));
             step.actions.push(enter(
                 request,
                 next,
@@ -1098,6 +1124,11 @@ fn on_wait_for_completion(
                 now,
                 |s| s.wait_for_completion.clear(),
             ));
+            step.actions.push(Action::Event(Event {
+                warning: true,
+                reason: EventReason::WaitForPodCompletionTimeout,
+                note,
+            }));
             return step;
         }
         step.wake(after(after(since, timeout), TIMER_SLACK));
@@ -1368,7 +1399,9 @@ fn on_draining(
     step.last_progress = ledger.last_progress;
 
     let mut status = request.status.clone().unwrap_or_default();
-    let mut write_now = previous.is_none();
+    // The first drain status waits for the interval too: the write that entered Draining was
+    // just made, and a drain that ends within the interval shows its counts in the Ready write.
+    let mut write_now = false;
     let mut changed = status.drain.as_ref() != Some(&drain_status);
     status.drain = Some(drain_status);
     if clear_failed(&mut status, FailedReason::InvalidSpec) {
@@ -1383,6 +1416,7 @@ fn on_draining(
     let timeout_reported = request
         .condition(condition_type::FAILED)
         .is_some_and(|c| c.reason == FailedReason::DrainTimeout.as_str());
+    let mut timeout_event = None;
     if timed_out && !timeout_reported {
         let message = timeout_message(timeout, &blocked, &remaining);
         set_failed(
@@ -1392,7 +1426,7 @@ fn on_draining(
             &message,
             now,
         );
-        step.actions.push(Action::Event(Event {
+        timeout_event = Some(Action::Event(Event {
             warning: true,
             reason: FailedReason::DrainTimeout.event(),
             note: message,
@@ -1422,6 +1456,9 @@ fn on_draining(
             })),
         }
     }
+    // After the write that records the timeout (always made at once), so a conflict that runs
+    // the step again does not send it twice.
+    step.actions.extend(timeout_event);
     step
 }
 

@@ -3,7 +3,27 @@
 //! (NVIDIA sets it at the top of every reconcile: `Reconcile` in
 //! internal/controller/nodemaintenance_controller.go).
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+/// How long a request may wait for admission before its Node is written as its owner in a write
+/// of its own. The admission writes the owner with the finalizer anyway, so a request admitted
+/// sooner (most of them, in a rolling maintenance) never pays that write; one that waits longer
+/// gets it at the next round (a tick at the latest). Until then a Pending request whose node is
+/// deleted is collected by our garbage collection (`missing_node_grace`) instead of the
+/// cluster's.
+pub const PENDING_OWNER_DELAY: Duration = Duration::from_secs(30);
+
+/// Whether a Pending request created at `created` gets its owner references written now, when the
+/// round leaves it waiting (see [`PENDING_OWNER_DELAY`]). A request with no creation time (never
+/// from the API server) or a clock that went back is not held back.
+pub fn pending_owner_due(created: Option<jiff::Timestamp>, now: jiff::Timestamp) -> bool {
+    created.is_none_or(|created| {
+        jiff::SignedDuration::try_from(PENDING_OWNER_DELAY)
+            .is_ok_and(|delay| now.duration_since(created) >= delay)
+    })
+}
 
 /// The Node a request names, as far as ownership needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +95,19 @@ mod tests {
             controller: Some(true),
             block_owner_deletion: Some(true),
         }
+    }
+
+    #[test]
+    fn a_waiting_request_gets_its_owner_written_only_after_the_delay() {
+        let created = jiff::Timestamp::from_second(1_000).expect("valid");
+        let at = |seconds: i64| jiff::Timestamp::from_second(1_000 + seconds).expect("valid");
+        let delay = i64::try_from(PENDING_OWNER_DELAY.as_secs()).expect("small");
+        assert!(!pending_owner_due(Some(created), at(0)));
+        assert!(!pending_owner_due(Some(created), at(delay - 1)));
+        assert!(pending_owner_due(Some(created), at(delay)));
+        // A clock behind the creation time waits rather than writes.
+        assert!(!pending_owner_due(Some(created), at(-5)));
+        assert!(pending_owner_due(None, at(0)));
     }
 
     #[test]

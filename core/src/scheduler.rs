@@ -10,11 +10,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::{
-    Budget, DEFAULT_CONFIG_NAME, IntOrPercentError, MaintenanceOperatorConfigSpec,
+    Budget, DEFAULT_CONFIG_NAME, FINALIZER, IntOrPercentError, MaintenanceOperatorConfigSpec,
     MaintenanceWindow, NodeMaintenance, Phase, Rounding, resolve_int_or_percent,
 };
 use serde::{Serialize, Serializer};
@@ -70,18 +71,37 @@ pub struct RequestState {
     pub phase: Phase,
     pub created: Option<jiff::Timestamp>,
     pub deleting: bool,
+    /// Deleted past Pending and our finalizer is off: the node actor has undone everything
+    /// (uncordoned, stopped the drain) and nothing of ours will touch the request again. Another
+    /// finalizer (the requestor's) may keep the object for as long as it likes; it holds no slot
+    /// and no node meanwhile.
+    pub released: bool,
+    /// Its last admission writes failed: it is not admitted again before this retry. `None`
+    /// from the objects; the supervisor, which saw the failure, sets it.
+    pub admission_retry: Option<AdmissionRetry>,
 }
 
 impl RequestState {
     pub fn from_request(request: &NodeMaintenance) -> RequestState {
+        let phase = request.phase();
+        let deleting = request.is_deleting();
+        let our_finalizer = request
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|finalizers| finalizers.iter().any(|f| f == FINALIZER));
         RequestState {
             namespace: request.metadata.namespace.clone().unwrap_or_default(),
             name: request.metadata.name.clone().unwrap_or_default(),
             node_name: request.spec.node_name.clone(),
             requestor_id: request.spec.requestor_id.clone(),
-            phase: request.phase(),
+            phase,
             created: request.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            deleting: request.is_deleting(),
+            deleting,
+            // A Pending request never had our finalizer: it is not released but simply waits
+            // (and, being deleted, is never admitted).
+            released: deleting && phase != Phase::Pending && !our_finalizer,
+            admission_retry: None,
         }
     }
 
@@ -94,6 +114,86 @@ impl RequestState {
 
     fn is_pending(&self) -> bool {
         self.phase == Phase::Pending
+    }
+
+    /// Past Pending and not yet released: it holds its node (and a slot) for now.
+    fn holds_its_node(&self) -> bool {
+        !self.is_pending() && !self.released
+    }
+}
+
+/// First wait after a failed admission; it doubles with every further failure in a row.
+pub const ADMISSION_RETRY_MIN: Duration = Duration::from_secs(1);
+/// Longest wait between two admission attempts: a write that keeps failing (a webhook that
+/// denies it, missing RBAC) is still tried every minute, so it goes through soon after the cause
+/// is fixed, at the cost of one node read and one write a minute.
+pub const ADMISSION_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The wait before the next admission attempt after `failures` failures in a row (1 s, 2 s,
+/// 4 s, ... up to [`ADMISSION_RETRY_MAX`]; 0 counts as 1). backon's schedule without jitter:
+/// one request is retried by one supervisor, so there is no herd to spread.
+pub fn admission_retry_delay(failures: u32) -> Duration {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(ADMISSION_RETRY_MIN)
+        .with_max_delay(ADMISSION_RETRY_MAX)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+        .nth(usize::try_from(failures.saturating_sub(1).min(32)).unwrap_or(0))
+        .unwrap_or(ADMISSION_RETRY_MAX)
+}
+
+/// Most characters of an admission error quoted in a Pending message: webhooks may answer at
+/// length, and the message is read in `kubectl get`/`describe` (the log has it whole).
+pub const ADMISSION_ERROR_SHOWN_CHARS: usize = 300;
+
+/// A request whose admission writes failed, and when it may be admitted again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionRetry {
+    /// Failed attempts in a row.
+    pub failures: u32,
+    /// Not admitted before this time; the next request takes its slot meanwhile.
+    pub at: jiff::Timestamp,
+    /// The last failure as the API server put it, for the request's Pending message.
+    pub error: String,
+}
+
+impl AdmissionRetry {
+    /// The retry after one more failure (`error`) at `now`, following `previous` if the one
+    /// before failed too.
+    pub fn after_failure(
+        previous: Option<&AdmissionRetry>,
+        error: String,
+        now: jiff::Timestamp,
+    ) -> AdmissionRetry {
+        let failures = previous.map_or(0, |p| p.failures).saturating_add(1);
+        let at = jiff::SignedDuration::try_from(admission_retry_delay(failures))
+            .ok()
+            .and_then(|delay| now.checked_add(delay).ok())
+            .unwrap_or(jiff::Timestamp::MAX);
+        AdmissionRetry {
+            failures,
+            at,
+            error,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let times = if self.failures == 1 {
+            "once".to_string()
+        } else {
+            format!("{} times in a row", self.failures)
+        };
+        let error = match self.error.char_indices().nth(ADMISSION_ERROR_SHOWN_CHARS) {
+            Some((cut, _)) => format!("{}…", &self.error[..cut]),
+            None => self.error.clone(),
+        };
+        // Whole seconds: the retry is a person's "about when", not a clock reading.
+        format!(
+            "admission failed {times}: {error}; next attempt at {:.0}",
+            self.at
+        )
     }
 }
 
@@ -196,10 +296,13 @@ pub enum WaitCause {
     InsufficientCapacity,
     /// `checkCapacity`: the pods could not be read this round, so the check fails closed.
     CapacityUnknown,
+    /// Its admission writes failed; it waits for the retry (the reason has the error and the
+    /// time) while the next request takes the slot.
+    AdmissionRetry,
 }
 
 impl WaitCause {
-    pub const ALL: [WaitCause; 12] = [
+    pub const ALL: [WaitCause; 13] = [
         WaitCause::Deleting,
         WaitCause::NodeInMaintenance,
         WaitCause::NodeAdmittedThisRound,
@@ -212,6 +315,7 @@ impl WaitCause {
         WaitCause::DrainBlocked,
         WaitCause::InsufficientCapacity,
         WaitCause::CapacityUnknown,
+        WaitCause::AdmissionRetry,
     ];
 
     /// As in `plan -o json` and the `cause` label of the waiting-requests metric.
@@ -229,6 +333,7 @@ impl WaitCause {
             WaitCause::DrainBlocked => "drainBlocked",
             WaitCause::InsufficientCapacity => "insufficientCapacity",
             WaitCause::CapacityUnknown => "capacityUnknown",
+            WaitCause::AdmissionRetry => "admissionRetry",
         }
     }
 }
@@ -274,6 +379,10 @@ pub struct Decision {
     /// The earliest opening of a closed window (cluster-wide or a budget's): a round is due then.
     #[serde(skip)]
     pub next_window_opening: Option<jiff::Timestamp>,
+    /// The earliest retry of a request that waits for [`WaitCause::AdmissionRetry`]: a round is
+    /// due then.
+    #[serde(skip)]
+    pub next_admission_retry: Option<jiff::Timestamp>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -351,11 +460,13 @@ pub fn schedule_observed(
     // whose Node is gone holds nothing: there is no node left to keep unavailable, and its node
     // actor only releases it (design guide, section 4; NVIDIA's preSchedule in
     // internal/controller/nodemaintenancescheduler_controller.go counts only existing nodes).
+    // Nor does a released one (deleted, our cleanup done): only its requestor's finalizer keeps
+    // it, for as long as the requestor likes, and nothing of ours will change it again.
     let mut in_maintenance: BTreeMap<&str, &RequestState> = BTreeMap::new();
     for request in snapshot
         .requests
         .iter()
-        .filter(|r| !r.is_pending() && existing_nodes.contains_key(r.node_name.as_str()))
+        .filter(|r| r.holds_its_node() && existing_nodes.contains_key(r.node_name.as_str()))
     {
         in_maintenance
             .entry(request.node_name.as_str())
@@ -395,10 +506,11 @@ pub fn schedule_observed(
     let mut capacity_pool = capacity.enabled.then(|| {
         let takes_pods =
             |node: &str| !unavailable_nodes.contains(node) && existing_nodes.contains_key(node);
+        // A released request's drain has stopped: its pods are going nowhere.
         let in_progress: Vec<RequestKey> = snapshot
             .requests
             .iter()
-            .filter(|r| !r.is_pending())
+            .filter(|r| r.holds_its_node())
             .map(RequestState::key)
             .collect();
         CapacityPool::new(capacity, takes_pods, &in_progress)
@@ -441,6 +553,7 @@ pub fn schedule_observed(
     // Node -> the request admitted on it in this round.
     let mut admitted_on_node: HashMap<&str, RequestKey> = HashMap::new();
     let mut newly_unavailable: u32 = 0;
+    let mut next_admission_retry: Option<jiff::Timestamp> = None;
     for request in pending {
         let node = request.node_name.as_str();
         let cluster_wide =
@@ -459,6 +572,11 @@ pub fn schedule_observed(
                     WaitCause::NodeAdmittedThisRound,
                     format!("node already has a request being admitted: {winner}"),
                 )
+            } else if let Some(retry) = request.admission_retry.as_ref().filter(|r| r.at > now) {
+                // Before the limits: the failure is what a person must look at (a webhook that
+                // denies the write), and the slot goes to the next request meanwhile rather
+                // than to the same doomed write again (rule 6's skip).
+                cluster_wide(WaitCause::AdmissionRetry, retry.describe())
             } else if let WindowState::Closed { next_opening } = &windows {
                 cluster_wide(
                     WaitCause::MaintenanceWindows,
@@ -520,6 +638,14 @@ pub fn schedule_observed(
             cluster_wide(WaitCause::NodeNotFound, format!("node {node} not found"))
         };
         let hold = hold.map(|hold| passed_over(hold, request, prefer, now));
+        if hold
+            .as_ref()
+            .is_some_and(|hold| hold.cause == WaitCause::AdmissionRetry)
+            && let Some(retry) = &request.admission_retry
+        {
+            next_admission_retry =
+                Some(next_admission_retry.map_or(retry.at, |earliest| earliest.min(retry.at)));
+        }
         if let Some(hold) = hold {
             waiting.push(Waiting {
                 key: request.key(),
@@ -549,6 +675,7 @@ pub fn schedule_observed(
             .into_iter()
             .chain(budgets.next_window_opening())
             .min(),
+        next_admission_retry,
     })
 }
 
@@ -753,6 +880,8 @@ mod tests {
             phase,
             created: Some(at(0)),
             deleting: false,
+            released: false,
+            admission_retry: None,
         }
     }
 
@@ -1143,6 +1272,175 @@ mod tests {
     }
 
     #[test]
+    fn a_request_whose_admission_failed_waits_and_the_next_takes_the_slot() {
+        // A is ahead of B in the order; its last admission failed and retries at at(5).
+        let mut first = pending("a", 0);
+        first.created = Some(at(-10));
+        first.admission_retry = Some(AdmissionRetry {
+            failures: 2,
+            at: at(5),
+            error: "admission webhook \"freeze.example.com\" denied the request: frozen"
+                .to_string(),
+        });
+        let snapshot = Snapshot {
+            nodes: nodes(2, &[]),
+            requests: vec![first, pending("b", 1)],
+        };
+        let one_slot = limits(int(1), None);
+
+        let before = schedule(&snapshot, &one_slot, at(0)).unwrap();
+        assert_eq!(before.scheduled, keys(&["b"]), "{before:#?}");
+        let waiting = &before.waiting[0];
+        assert_eq!(waiting.key, key("a"));
+        assert_eq!(waiting.cause, WaitCause::AdmissionRetry);
+        assert_eq!(
+            waiting.reason,
+            "admission failed 2 times in a row: admission webhook \"freeze.example.com\" \
+             denied the request: frozen; next attempt at 2023-11-14T22:13:25Z"
+        );
+        assert_eq!(before.next_admission_retry, Some(at(5)));
+
+        for retry_time in [at(5), at(6)] {
+            let after = schedule(&snapshot, &one_slot, retry_time).unwrap();
+            assert_eq!(after.scheduled, keys(&["a"]), "{after:#?}");
+            assert_eq!(after.next_admission_retry, None);
+        }
+    }
+
+    #[test]
+    fn a_request_waiting_for_its_retry_behind_a_held_node_sets_no_wake() {
+        // Nothing is due at its retry time: the holder's change brings the next round.
+        let mut behind = pending("behind", 0);
+        behind.admission_retry = Some(AdmissionRetry {
+            failures: 1,
+            at: at(5),
+            error: "boom".to_string(),
+        });
+        let requests = vec![request("holder", 0, "fw", Phase::Draining), behind];
+        let decision = run(nodes(2, &[]), requests, &limits(int(5), None));
+        assert_eq!(decision.waiting[0].cause, WaitCause::NodeInMaintenance);
+        assert_eq!(decision.next_admission_retry, None);
+    }
+
+    #[test]
+    fn admission_retries_back_off_from_one_second_to_a_minute() {
+        let table = [
+            (0, 1),
+            (1, 1),
+            (2, 2),
+            (3, 4),
+            (4, 8),
+            (5, 16),
+            (6, 32),
+            (7, 60),
+            (8, 60),
+            (u32::MAX, 60),
+        ];
+        for (failures, seconds) in table {
+            assert_eq!(
+                admission_retry_delay(failures),
+                Duration::from_secs(seconds),
+                "after {failures} failures"
+            );
+        }
+        let first = AdmissionRetry::after_failure(None, "denied".to_string(), at(0));
+        assert_eq!((first.failures, first.at), (1, at(1)));
+        let third = AdmissionRetry::after_failure(
+            Some(&AdmissionRetry::after_failure(
+                Some(&first),
+                "denied".to_string(),
+                at(1),
+            )),
+            "denied again".to_string(),
+            at(3),
+        );
+        assert_eq!((third.failures, third.at), (3, at(7)));
+        assert_eq!(third.error, "denied again");
+        assert!(
+            third
+                .describe()
+                .starts_with("admission failed 3 times in a row: denied again;"),
+            "{}",
+            third.describe()
+        );
+        let long_winded = AdmissionRetry {
+            error: "é".repeat(ADMISSION_ERROR_SHOWN_CHARS + 1),
+            ..third
+        };
+        let shown = format!("{}…;", "é".repeat(ADMISSION_ERROR_SHOWN_CHARS));
+        assert!(
+            long_winded.describe().contains(&shown),
+            "{}",
+            long_winded.describe()
+        );
+    }
+
+    #[test]
+    fn a_deleted_request_whose_cleanup_is_done_holds_no_slot() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        use maintenance_crds::NodeMaintenanceStatus;
+        let object = |name: &str, node: usize, phase: Phase, finalizers: &[&str]| NodeMaintenance {
+            metadata: ObjectMeta {
+                namespace: Some(NAMESPACE.to_string()),
+                name: Some(name.to_string()),
+                creation_timestamp: Some(Time(at(0))),
+                deletion_timestamp: Some(Time(at(1))),
+                finalizers: Some(finalizers.iter().map(|f| f.to_string()).collect()),
+                ..ObjectMeta::default()
+            },
+            spec: NodeMaintenanceSpec {
+                requestor_id: "fw.example.com".to_string(),
+                node_name: node_name(node),
+                ..NodeMaintenanceSpec::default()
+            },
+            status: Some(NodeMaintenanceStatus {
+                conditions: vec![Condition {
+                    type_: "Ready".to_string(),
+                    status: "False".to_string(),
+                    reason: phase.as_str().to_string(),
+                    message: String::new(),
+                    last_transition_time: Time(at(0)),
+                    observed_generation: None,
+                }],
+                ..NodeMaintenanceStatus::default()
+            }),
+        };
+        const REQUESTORS: &str = "fw.example.com/hold";
+        // Deleted while Draining; the node actor uncordoned the node and took our finalizer off,
+        // the requestor's keeps the object.
+        let done = RequestState::from_request(&object("done", 0, Phase::Draining, &[REQUESTORS]));
+        assert!(done.released, "{done:#?}");
+        // Still ours to clean up: it holds its node until then.
+        let cleaning = RequestState::from_request(&object(
+            "cleaning",
+            0,
+            Phase::Draining,
+            &[REQUESTORS, FINALIZER],
+        ));
+        assert!(!cleaning.released);
+        // A deleted Pending request never held anything and is not "released" either.
+        assert!(!RequestState::from_request(&object("gone", 1, Phase::Pending, &[])).released);
+
+        let one_slot_none_unavailable = limits(int(1), Some(int(1)));
+        let decision = run(
+            nodes(2, &[]),
+            vec![done, pending("next", 0)],
+            &one_slot_none_unavailable,
+        );
+        assert_eq!(decision.available_slots, 1);
+        assert_eq!(decision.can_become_unavailable, Some(1));
+        assert_eq!(decision.scheduled, keys(&["next"]), "{decision:#?}");
+
+        let decision = run(
+            nodes(2, &[]),
+            vec![cleaning, pending("next", 0)],
+            &one_slot_none_unavailable,
+        );
+        assert_eq!(decision.available_slots, 0);
+        assert_eq!(decision.waiting[0].cause, WaitCause::NodeInMaintenance);
+    }
+
+    #[test]
     fn requestors_with_maintenance_in_progress_go_first() {
         let mut old_idle = request("old-idle", 1, "idle", Phase::Pending);
         old_idle.created = Some(at(-100));
@@ -1282,6 +1580,8 @@ mod tests {
                 phase: Phase::Pending,
                 created: Some(at(5)),
                 deleting: false,
+                released: false,
+                admission_retry: None,
             }]
         );
     }
@@ -1325,6 +1625,7 @@ mod tests {
             budgets: Vec::new(),
             capacity: None,
             next_window_opening: Some(at(60)),
+            next_admission_retry: Some(at(30)),
         };
         assert_eq!(
             serde_json::to_value(&decision).unwrap(),
@@ -1380,7 +1681,9 @@ mod tests {
                 let in_maintenance: BTreeSet<String> = snapshot
                     .requests
                     .iter()
-                    .filter(|r| r.phase != Phase::Pending && existing.contains(&r.node_name))
+                    .filter(|r| {
+                        r.phase != Phase::Pending && !r.released && existing.contains(&r.node_name)
+                    })
                     .map(|r| r.node_name.clone())
                     .collect();
                 let mut unavailable = in_maintenance.clone();
@@ -1405,10 +1708,15 @@ mod tests {
                 }
             }
 
-            /// Could the scheduler admit this request at all, limits aside?
+            /// Could the scheduler admit this request at all (at `at(0)`, when the properties
+            /// run it), limits aside?
             fn eligible(&self, request: &RequestState) -> bool {
                 request.phase == Phase::Pending
                     && !request.deleting
+                    && request
+                        .admission_retry
+                        .as_ref()
+                        .is_none_or(|r| r.at <= at(0))
                     && self.existing.contains(&request.node_name)
                     && !self.in_maintenance.contains(&request.node_name)
             }
@@ -1501,6 +1809,8 @@ mod tests {
                     proptest::option::weighted(0.8, 0..4i64),
                     proptest::bool::weighted(0.1),
                     0..2usize,
+                    proptest::bool::ANY,
+                    proptest::option::weighted(0.2, -2..3i64),
                 );
                 let requests = proptest::collection::vec(request, 0..16);
                 (nodes, requests).prop_map(|(unavailable, requests)| Snapshot {
@@ -1517,7 +1827,19 @@ mod tests {
                         .into_iter()
                         .enumerate()
                         .map(
-                            |(index, (node, requestor, phase, created, deleting, namespace))| {
+                            |(
+                                index,
+                                (
+                                    node,
+                                    requestor,
+                                    phase,
+                                    created,
+                                    deleting,
+                                    namespace,
+                                    cleanup_done,
+                                    retry,
+                                ),
+                            )| {
                                 RequestState {
                                     namespace: format!("ns{namespace}"),
                                     name: format!("r{index}"),
@@ -1526,6 +1848,13 @@ mod tests {
                                     phase,
                                     created: created.map(at),
                                     deleting,
+                                    // As `from_request` can give it: only deleted past Pending.
+                                    released: deleting && phase != Phase::Pending && cleanup_done,
+                                    admission_retry: retry.map(|seconds| AdmissionRetry {
+                                        failures: 1,
+                                        at: at(seconds),
+                                        error: "denied".to_string(),
+                                    }),
                                 }
                             },
                         )

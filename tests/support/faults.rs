@@ -412,6 +412,8 @@ pub struct HttpFaults {
     pub lost_answer_share: f64,
     /// Cut every open watch this often (0: never).
     pub cut_watches_every_ms: u64,
+    /// Hold every paged LIST (the watchers' first lists) this long before forwarding it.
+    pub list_delay_ms: u64,
 }
 
 /// What the proxy saw and did since it started.
@@ -425,6 +427,7 @@ pub struct FaultStats {
     pub injected: BTreeMap<String, u64>,
     pub lost_answers: u64,
     pub watches_cut: u64,
+    pub delayed_lists: u64,
 }
 
 impl FaultStats {

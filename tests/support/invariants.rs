@@ -12,7 +12,7 @@
 //!   maintenance than the limit allows.
 //! - **maxUnavailable**: when a request on an available node is admitted, more nodes are
 //!   unavailable than the limit allows.
-//! - **two requests in progress on one node** (requests of the scope past Pending, same node).
+//! - **two requests in progress on one node** (requests of the scope in maintenance, same node).
 //! - **node left cordoned**: a node of the scope that we cordoned is still unschedulable at the
 //!   end although its request is gone.
 //! - **pod deleted instead of evicted**: the audit log shows a `delete` of a pod of the namespace
@@ -20,8 +20,10 @@
 //!
 //! Definitions follow the design guide (sections 4 and 5) and reuse the core's: a node is
 //! *unavailable* when unschedulable or not Ready ([`NodeState::from_node`]) or in maintenance;
-//! a node is *in maintenance* while a request on it is past Pending (deleting included) and the
-//! Node exists. Limits given as percentages are of **all the cluster's nodes** at that moment
+//! a node is *in maintenance* while a request on it is past Pending and the Node exists, a request
+//! being deleted included until it is *released*: deleted past Pending with the operator's
+//! finalizer off (its cleanup is done; another finalizer may keep the object), as
+//! [`RequestState::from_request`] decides and the scheduler counts it. Limits given as percentages are of **all the cluster's nodes** at that moment
 //! (maxParallelOperations rounded up, maxUnavailable rounded down), as the operator computes
 //! them; that is why the limit checks only mean something on a control plane the test owns, and
 //! run only when [`Scope::check_limits`] says so (by default: when the testbed is the test's own).
@@ -68,7 +70,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use maintenance_core::lifecycle::initial_state;
-use maintenance_core::scheduler::NodeState;
+use maintenance_core::scheduler::{NodeState, RequestState};
 use maintenance_crds::{
     DEFAULT_CONFIG_NAME, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance,
     Phase, Rounding, resolve_int_or_percent,
@@ -169,6 +171,8 @@ pub enum Observed {
         cordon: bool,
         /// The annotation the operator writes before it cordons.
         initial_unschedulable: Option<bool>,
+        /// Deleted and cleaned up (our finalizer off): holds its node no longer.
+        released: bool,
     },
     RequestGone {
         key: String,
@@ -243,6 +247,7 @@ pub fn observe_request(request: &NodeMaintenance) -> Event {
             phase: request.phase(),
             cordon: request.spec.cordon(),
             initial_unschedulable: initial_state(request),
+            released: RequestState::from_request(request).released,
         },
     )
 }
@@ -344,6 +349,7 @@ pub struct Judgement {
 struct RequestNow {
     namespace: String,
     node: String,
+    /// Holds its node: past Pending and not released.
     in_progress: bool,
     cordon: bool,
     initial_unschedulable: Option<bool>,
@@ -522,8 +528,12 @@ impl Replay<'_> {
                 phase,
                 cordon,
                 initial_unschedulable,
+                released,
             } => {
-                let in_progress = *phase != Phase::Pending;
+                // A released request is done for the operator as if it were gone: it leaves
+                // maintenance here, and can never come back (a deleted object gets no new
+                // finalizer).
+                let in_progress = *phase != Phase::Pending && !*released;
                 let before = self.requests.get(key).cloned();
                 let last_pending = match &before {
                     _ if !in_progress => rv,
@@ -1306,8 +1316,19 @@ mod tests {
                 phase,
                 cordon: true,
                 initial_unschedulable: initial,
+                released: false,
             },
         )
+    }
+
+    /// Deleted in `phase` with our finalizer off: the operator's cleanup is done, another
+    /// finalizer keeps the object.
+    fn released(rv: u64, name: &str, node: &str, phase: Phase) -> Event {
+        let mut event = request(rv, name, node, phase, Some(false));
+        if let Observed::Request { released, .. } = &mut event.observed {
+            *released = true;
+        }
+        event
     }
 
     fn gone(rv: u64, name: &str) -> Event {
@@ -1537,6 +1558,50 @@ mod tests {
         assert_eq!(
             kinds(&events, &rules(false)),
             vec![BreachKind::TwoRequestsInProgressOnOneNode]
+        );
+    }
+
+    #[test]
+    fn a_deleted_request_whose_cleanup_is_done_holds_no_node_and_no_slot() {
+        // m1 was deleted while Draining: uncordoned, our finalizer off at 14 (`cleaned`) or
+        // still on (`not_yet`); the requestor's finalizer keeps it either way. Then m2 is
+        // admitted on `m2_node`, with one slot and one node allowed down.
+        let replay = |cleaned: bool, m2_node: &str| {
+            let mut events = four_nodes();
+            events.extend([
+                config(5, 1, Some("1")),
+                request(10, "m1", "a", Phase::Pending, None),
+                request(11, "m1", "a", Phase::Draining, Some(false)),
+                node(12, "a", true),
+                node(13, "a", false),
+                if cleaned {
+                    released(14, "m1", "a", Phase::Draining)
+                } else {
+                    request(14, "m1", "a", Phase::Draining, Some(false))
+                },
+                request(15, "m2", m2_node, Phase::Pending, None),
+                request(16, "m2", m2_node, Phase::Scheduled, Some(false)),
+            ]);
+            judge(&events, &rules(true))
+        };
+        for node in ["a", "b"] {
+            let judgement = replay(true, node);
+            assert_eq!(judgement.breaches, vec![], "m2 on {node}");
+            assert_eq!(judgement.peak_in_maintenance, 1, "m2 on {node}");
+        }
+        let kinds_of = |judgement: Judgement| -> Vec<BreachKind> {
+            judgement.breaches.iter().map(|b| b.kind).collect()
+        };
+        assert_eq!(
+            kinds_of(replay(false, "a")),
+            vec![BreachKind::TwoRequestsInProgressOnOneNode]
+        );
+        assert_eq!(
+            kinds_of(replay(false, "b")),
+            vec![
+                BreachKind::MaxParallelOperationsExceeded,
+                BreachKind::MaxUnavailableExceeded
+            ]
         );
     }
 

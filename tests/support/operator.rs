@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
@@ -20,6 +21,19 @@ use super::{Check, Testbed, wait_for, wait_until};
 
 /// The namespace the operator runs in during tests (as the chart installs it).
 pub const OPERATOR_NAMESPACE: &str = "maintenance-operator";
+
+/// The Lease our replicas elect their leader with (the operator's default `--lease-name`).
+pub const OUR_LEASE: &str = "maintenance-operator";
+
+/// Who holds Lease `namespace/name` now; `None` when it is absent, or held by nobody.
+pub async fn lease_holder(client: &Client, namespace: &str, name: &str) -> Result<Option<String>> {
+    Ok(Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty()))
+}
 
 /// The operator binary, running until dropped (or killed).
 pub struct Operator {

@@ -295,6 +295,34 @@ fn deletion_uncordons_only_a_node_we_cordoned() {
     assert!(!has(&step, &Action::Uncordon) && removes_finalizer(&step));
 }
 
+/// Events come after the writes they report: a write that conflicts runs the step again, and an
+/// Event sent before it would be sent once per attempt.
+#[test]
+fn events_follow_the_writes_they_report() {
+    let kinds = |step: &Step| -> Vec<&'static str> {
+        step.actions
+            .iter()
+            .map(|a| match a {
+                Action::Uncordon => "uncordon",
+                Action::RemoveFinalizer { .. } => "finalizer",
+                Action::WriteStatus(_) => "status",
+                Action::Event(_) => "event",
+                _ => "other",
+            })
+            .collect()
+    };
+    let deletion = run(&deleting(request(Phase::Draining)), CORDONED, None, at(5));
+    assert_eq!(kinds(&deletion), ["uncordon", "finalizer", "event"]);
+    let gone = run(&request(Phase::Draining), NodeView::Missing, None, at(5));
+    assert_eq!(kinds(&gone), ["status", "finalizer", "event"]);
+    let drain = with_drain(request(Phase::Draining), 60);
+    let timed_out = run(&drain, CORDONED, Some(&[bare("app", "lonely")]), at(61));
+    assert_eq!(kinds(&timed_out), ["status", "event"], "{timed_out:?}");
+    let wait = with_wait(request(Phase::WaitForPodCompletion), 60);
+    let waited = run(&wait, CORDONED, Some(&[pod("app", "job-1")]), at(61));
+    assert_eq!(kinds(&waited), ["status", "event"], "{waited:?}");
+}
+
 #[test]
 fn deletion_without_our_finalizer_only_stops() {
     let step = run(
@@ -527,48 +555,38 @@ fn ready_records_its_ready_time_once() {
     assert!(run(&failed, CORDONED, None, at(200)).actions.is_empty());
 }
 
-/// The `ready-time` annotation is written before the status that shows Ready, at the time the
-/// condition turns True: a requestor that releases the request as soon as it sees Ready never
-/// races our annotation write.
+/// Nothing is written between the cordon and the status that shows Ready (the requestor sees
+/// Ready one write sooner), and a request released soon after Ready costs no `ready-time` write:
+/// the annotation waits until the request has been Ready for READY_TIME_DELAY.
 #[test]
-fn ready_time_is_written_before_the_status_that_shows_ready() {
+fn ready_time_waits_until_the_request_has_stayed_ready() {
     let step = run(&request(Phase::Scheduled), SCHEDULABLE, None, at(4));
-    let ready_time = step
-        .actions
-        .iter()
-        .position(|a| *a == Action::RecordReadyTime { at: at(4) });
-    let ready_status = step.actions.iter().position(
-        |a| matches!(a, Action::WriteStatus(w) if w.transition.as_ref().is_some_and(|t| t.to == Phase::Ready)),
-    );
+    assert_eq!(moved_to(&step), Some(Phase::Ready), "{step:?}");
     assert!(
-        matches!((ready_time, ready_status), (Some(t), Some(s)) if t < s),
+        !step
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::RecordReadyTime { .. })),
+        "nothing before Ready: {step:?}"
+    );
+    // Ready since at(0): not yet at 4 s (the step wakes when it is due), then written with the
+    // time Ready began.
+    let delay = READY_TIME_DELAY.as_secs() as i64;
+    let early = run(&request(Phase::Ready), CORDONED, None, at(delay - 1));
+    assert!(early.actions.is_empty(), "{early:?}");
+    let wake = early.wake_at.expect("a wake-up when the annotation is due");
+    assert!(wake >= at(delay) && wake < at(delay + 1), "{wake}");
+    let due = run(&request(Phase::Ready), CORDONED, None, at(delay));
+    assert_eq!(due.actions, vec![Action::RecordReadyTime { at: at(0) }]);
+    // Released before it was due: the deletion runs, no ready-time.
+    let released = deleting(request(Phase::Ready));
+    let step = run(&released, CORDONED, None, at(1));
+    assert!(
+        !step
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::RecordReadyTime { .. })),
         "{step:?}"
-    );
-    // Recorded already (a Ready again after a cleared failure): kept, as NVIDIA keeps it.
-    let recorded = with_annotation(
-        request(Phase::Scheduled),
-        READY_TIME_ANNOTATION,
-        Some(at(1)),
-    );
-    let step = run(&recorded, SCHEDULABLE, None, at(4));
-    assert!(
-        !step
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::RecordReadyTime { .. }))
-    );
-    // Not Ready yet: nothing recorded.
-    let step = run(
-        &with_drain(request(Phase::Scheduled), 0),
-        SCHEDULABLE,
-        None,
-        at(4),
-    );
-    assert!(
-        !step
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::RecordReadyTime { .. }))
     );
 }
 
@@ -644,7 +662,7 @@ fn an_adopted_wait_counts_from_nvidias_start_time() {
     );
     let adopted = with_annotation(nm, ADMITTED_TIME_ANNOTATION, Some(at(1500)));
     let pods = [pod("app", "job-1")];
-    let step = run(&adopted, CORDONED, Some(&pods), at(1500));
+    let step = run(&adopted, CORDONED, Some(&pods), at(1580));
     assert_eq!(
         moved_to(&step),
         None,
@@ -667,7 +685,7 @@ fn an_adopted_phase_without_nvidias_record_counts_from_the_adoption() {
         ADMITTED_TIME_ANNOTATION,
         Some(at(1500)),
     );
-    let step = run(&wait, CORDONED, Some(&pods), at(2000));
+    let step = run(&wait, CORDONED, Some(&pods), at(2080));
     assert_eq!(moved_to(&step), None);
     assert_eq!(step.wake_at, Some(after(at(2100), TIMER_SLACK)));
 
@@ -894,7 +912,7 @@ fn a_drain_that_finishes_after_its_timeout_clears_failed() {
 fn wait_for_pod_completion_times_out_from_the_phase_start() {
     let nm = with_wait(request(Phase::WaitForPodCompletion), 60);
     let pods = [pod("app", "job-1")];
-    let step = run(&nm, CORDONED, Some(&pods), at(30));
+    let step = run(&nm, CORDONED, Some(&pods), at(50));
     assert_eq!(moved_to(&step), None);
     assert_eq!(
         step.wake_at,
@@ -906,10 +924,14 @@ fn wait_for_pod_completion_times_out_from_the_phase_start() {
         events(&step),
         vec![EventReason::WaitForPodCompletionTimeout]
     );
-    // timeoutSeconds 0 waits forever, without a timer.
+    // timeoutSeconds 0 waits forever, without a timeout; the step still looks again every
+    // WAIT_RECHECK, in case the pod watch missed the pods' end (a re-list tells nobody).
     let forever = with_wait(request(Phase::WaitForPodCompletion), 0);
     let step = run(&forever, CORDONED, Some(&pods), at(100_000));
-    assert_eq!((moved_to(&step), step.wake_at), (None, None));
+    assert_eq!(
+        (moved_to(&step), step.wake_at),
+        (None, Some(after(at(100_000), WAIT_RECHECK)))
+    );
 }
 
 #[test]
@@ -1166,6 +1188,39 @@ fn drain_status_writes_are_throttled() {
     let due = after(at(1), STATUS_WRITE_INTERVAL);
     let step = run_with(&written, CORDONED, Some(&pods[..1]), due, &mut ledger);
     assert_eq!(status_writes(&step).len(), 1);
+}
+
+/// The write that entered Draining counts for the interval: the first drain status waits for it,
+/// and a drain done sooner writes its counts only with Ready (one status write less per node).
+#[test]
+fn the_first_drain_status_waits_for_the_interval_after_entering_draining() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger {
+        last_status_write: Some(at(0)),
+        ..Ledger::default()
+    };
+    let pods = [pod("app", "a")];
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert_eq!(evicted(&step), vec!["app/a"]);
+    assert!(status_writes(&step).is_empty(), "{step:?}");
+    assert!(step.wake_at <= Some(after(at(0), STATUS_WRITE_INTERVAL)));
+    ledger.record(
+        "app/a",
+        Some("uid-app-a"),
+        EvictionOutcome::Evicted,
+        at(1),
+        0.5,
+    );
+    let step = run_with(&nm, CORDONED, Some(&[]), at(2), &mut ledger);
+    let writes = status_writes(&step);
+    assert_eq!(writes.len(), 1, "{step:?}");
+    assert_eq!(moved_to(&step), Some(Phase::Ready));
+    let drain = writes[0]
+        .status
+        .drain
+        .clone()
+        .expect("the drain's counts go with Ready");
+    assert_eq!((drain.total_pods, drain.eviction_pods), (1, 1));
 }
 
 #[test]
@@ -1551,4 +1606,52 @@ fn the_deadline_is_independent_of_the_drain_timeout() {
     );
     let step = run_with(&nm, CORDONED, Some(&pods), at(100), &mut ledger);
     assert_eq!(force_deleted(&step).len(), 1, "{step:?}");
+}
+
+// ---- calls in flight ----
+
+/// An eviction the step ordered whose call never started (the finalizer write before it in the
+/// same step failed) is due again, instead of waiting forever for an answer.
+#[test]
+fn an_eviction_whose_call_never_started_is_ordered_again() {
+    let mut nm = with_drain(request(Phase::Draining), 0);
+    nm.metadata.finalizers = None;
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "web-1")];
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert_eq!(step.actions.first(), Some(&Action::AddFinalizer));
+    assert_eq!(evicted(&step), vec!["app/web-1"]);
+    // The finalizer write failed: nothing was started.
+    let cancel = ledger.settle_calls(&BTreeSet::new(), at(1));
+    assert!(cancel.is_empty());
+    let again = run_with(&nm, CORDONED, Some(&pods), at(2), &mut ledger);
+    assert_eq!(evicted(&again), vec!["app/web-1"], "{again:?}");
+    assert!(
+        !again
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Evict(o) if o[0].is_retry))
+    );
+}
+
+/// Deleted mid-drain, the request stops its work at once: the evictions still queued behind the
+/// rate limit are cancelled, and one that is running is not started again.
+#[test]
+fn a_deletion_mid_drain_cancels_the_evictions_in_flight() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "web-1"), pod("app", "web-2")];
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert_eq!(evicted(&step), vec!["app/web-1", "app/web-2"]);
+    let running: BTreeSet<String> = ["app/web-1".to_string(), "app/web-2".to_string()].into();
+    assert!(
+        ledger.settle_calls(&running, at(1)).is_empty(),
+        "still wanted"
+    );
+    let step = run_with(&deleting(nm), CORDONED, Some(&pods), at(2), &mut ledger);
+    assert!(step.finished);
+    assert_eq!(
+        ledger.settle_calls(&running, at(2)),
+        vec!["app/web-1".to_string(), "app/web-2".to_string()]
+    );
 }

@@ -40,6 +40,8 @@ pub(super) fn request(name: &str, node: &str, phase: Phase, created: i64) -> Req
         phase,
         created: Some(at(created)),
         deleting: false,
+        released: false,
+        admission_retry: None,
     }
 }
 
@@ -883,6 +885,9 @@ mod properties {
                             phase,
                             created: created.map(at),
                             deleting,
+                            // The legacy oracle predates both: left at what the objects give.
+                            released: false,
+                            admission_retry: None,
                         },
                     )
                     .collect(),

@@ -68,6 +68,10 @@ type Faults struct {
 	LostAnswerShare float64 `json:"lostAnswerShare"`
 	// Cut every open watch this often (0: never).
 	CutWatchesEveryMs int `json:"cutWatchesEveryMs"`
+	// Hold every paged LIST (a GET with a limit parameter, as the watchers' first lists are)
+	// this long before forwarding it: a big cluster's slow first sync, while the small calls
+	// (leases, single objects, writes) go through at once.
+	ListDelayMs int `json:"listDelayMs"`
 }
 
 // Stats counts what went through and what was injected since the start.
@@ -77,6 +81,7 @@ type Stats struct {
 	OpenWatches  int               `json:"openWatches"`
 	Injected     map[string]uint64 `json:"injected"`
 	LostAnswers  uint64            `json:"lostAnswers"`
+	DelayedLists uint64            `json:"delayedLists"`
 	WatchesCut   uint64            `json:"watchesCut"`
 	UpstreamHost string            `json:"upstreamHost"`
 }
@@ -208,6 +213,13 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveWatch(w, r)
 		return
 	}
+	if delay := p.listDelay(r); delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
+	}
 	v := p.decide()
 	switch {
 	case v.code == 0:
@@ -219,6 +231,20 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeStatus(w, v.code, p.retryAfter())
 	}
+}
+
+// listDelay is how long to hold r: ListDelayMs for a paged LIST, else nothing.
+func (p *proxy) listDelay(r *http.Request) time.Duration {
+	if r.Method != http.MethodGet || !r.URL.Query().Has("limit") {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.faults.ListDelayMs <= 0 {
+		return 0
+	}
+	p.stats.DelayedLists++
+	return time.Duration(p.faults.ListDelayMs) * time.Millisecond
 }
 
 func (p *proxy) retryAfter() int {
@@ -354,8 +380,8 @@ func (f Faults) validate() error {
 			return fmt.Errorf("code %d: only 429 and 500 are injected", c)
 		}
 	}
-	if f.CutWatchesEveryMs < 0 || f.RetryAfterSeconds < 0 {
-		return errors.New("cutWatchesEveryMs and retryAfterSeconds cannot be negative")
+	if f.CutWatchesEveryMs < 0 || f.RetryAfterSeconds < 0 || f.ListDelayMs < 0 {
+		return errors.New("cutWatchesEveryMs, retryAfterSeconds and listDelayMs cannot be negative")
 	}
 	return nil
 }
