@@ -283,6 +283,9 @@ struct NoDrain {
     /// (see [`api_write_ceiling`]): divided by the calls per request, an upper bound of the
     /// throughput whatever the operator does.
     api_writes_per_second: f64,
+    /// Events go out in the background: how long after the last request was gone the last of
+    /// them reached the API server. The calls are counted until then.
+    events_lag_seconds: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -410,6 +413,34 @@ fn operator_cpu_seconds(op: &Operator) -> Result<f64> {
 
 /// The operator's calls (reads and writes) received in `[from, to]`: total, by verb, and by
 /// `verb resource[/subresource]`.
+/// Waits until the Events in `ns` stop growing (no new one for 2 s), at most `timeout`; returns
+/// the seconds from `since` to the last new Event seen.
+async fn wait_events_settled(
+    client: &Client,
+    ns: &str,
+    since: Instant,
+    timeout: Duration,
+) -> Result<f64> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + timeout;
+    let mut last_count = None;
+    let mut last_change = since;
+    loop {
+        let count = events.list(&ListParams::default()).await?.items.len();
+        if last_count != Some(count) {
+            last_count = Some(count);
+            last_change = Instant::now();
+        } else if last_change.elapsed() >= Duration::from_secs(2) {
+            return Ok(last_change.duration_since(since).as_secs_f64());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the operator's Events in {ns} were still growing after {timeout:?} ({count} so far)"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 fn operator_calls(
     log: &AuditLog,
     from: Timestamp,
@@ -707,11 +738,18 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         &step,
     )
     .await?;
-    let to = Timestamp::now();
     let requests_per_second = size.requests as f64 / seconds;
     step.end(&format!(
         "all Ready and released in {seconds:.1}s, {requests_per_second:.1} requests/s"
     ));
+    // The operator sends Events in the background: count its calls once they are all out.
+    let released_at = Instant::now();
+    let events_lag_seconds =
+        wait_events_settled(&client, &ns, released_at, size.wait(size.requests)).await?;
+    let to = Timestamp::now();
+    println!(
+        "    the last Event reached the API server {events_lag_seconds:.1}s after the last request was gone"
+    );
 
     let cpu_seconds_per_request =
         (operator_cpu_seconds(&op)? - cpu_before) / size.requests.max(1) as f64;
@@ -743,6 +781,7 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         seconds,
         requests_per_second,
         calls_per_request: ratio(calls, size.requests),
+        events_lag_seconds,
         calls_by_verb,
         calls_by_resource,
         scheduler_rounds,
@@ -1401,6 +1440,7 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
              | scheduler rounds (whole run) | {} |\n\
              | time in scheduler rounds (whole run; one at a time) | {:.1} s |\n\
              | operator CPU per request | {:.1} ms |\n\
+             | the last Event (sent in the background) after the last request was gone | {:.1} s |\n\
              | the API server's ceiling: merge patches/s (32 writers, nothing else) | {:.0} |\n\
              | so at most, at these calls per request | {:.1} requests/s |\n\
              | operator peak RSS | {:.1} MiB |\n",
@@ -1413,6 +1453,7 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
             nd.scheduler_rounds,
             nd.scheduler_seconds,
             nd.cpu_seconds_per_request * 1000.0,
+            nd.events_lag_seconds,
             nd.api_writes_per_second,
             nd.api_writes_per_second / nd.calls_per_request,
             nd.rss_peak_mib

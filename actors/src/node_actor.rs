@@ -247,12 +247,12 @@ impl Actor for NodeActor {
             Err(err) => {
                 state.consecutive_errors += 1;
                 let delay =
-                    Duration::from_millis((250u64 << state.consecutive_errors.min(7)).min(30_000));
+                    lifecycle::retry_after_failed_step(is_conflict(&err), state.consecutive_errors);
                 if is_conflict(&err) {
                     // Someone else wrote the object: read it again and go on; a request that is
                     // gone meanwhile (our finalizer was the last) needs nothing more.
                     if refresh(state).await {
-                        state.schedule_step(&myself, Duration::ZERO);
+                        state.schedule_step(&myself, delay);
                     } else {
                         myself.stop(Some("request gone".into()));
                     }
@@ -358,9 +358,10 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
     for key in state.ledger.settle_calls(&running, jiff::Timestamp::now()) {
         state.calls.remove(&key);
     }
-    executed?;
+    // The gauges too: a step that keeps failing must show its drain's lack of progress.
     sync_pdb_subscriptions(myself, state);
     report_metrics(state, step.last_progress);
+    executed?;
     if step.finished {
         tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished");
         myself.stop(Some("maintenance finished".into()));

@@ -554,6 +554,24 @@ pub fn retry_delay(attempts: u32, jitter: f64) -> Duration {
     base.mul_f64(0.5 + jitter.clamp(0.0, 1.0))
 }
 
+/// How long a node actor waits before it runs a step again after `consecutive` failed steps in
+/// a row (1 for the first). A conflict means someone else wrote the object: the actor reads it
+/// again and goes on at once, but only twice in a row; a writer that keeps changing it (another
+/// controller left running during a migration) gets the same backoff as any other error, 0.25 s
+/// doubling to 30 s, instead of a tight loop of reads and writes.
+pub fn retry_after_failed_step(conflict: bool, consecutive: u32) -> Duration {
+    const AT_ONCE_CONFLICTS: u32 = 2;
+    if conflict && consecutive <= AT_ONCE_CONFLICTS {
+        return Duration::ZERO;
+    }
+    let doublings = if conflict {
+        consecutive - AT_ONCE_CONFLICTS
+    } else {
+        consecutive
+    };
+    Duration::from_millis((250u64 << doublings.min(7)).min(30_000))
+}
+
 /// True when the actor must read the Node from the API server rather than the shared cache:
 /// the initial state is recorded once and decides the uncordon, so a cache that lags behind a
 /// previous request's uncordon must not decide it.
@@ -1165,7 +1183,7 @@ fn on_draining(
         ..Step::default()
     };
     let Some(pods) = observed.pods else {
-        return step;
+        return pods_never_listed(request, spec, now, step);
     };
     let rules = match DrainRules::new(spec, Some(observed.operator.clone())) {
         Ok(rules) => rules,
@@ -1459,6 +1477,57 @@ fn on_draining(
     // After the write that records the timeout (always made at once), so a conflict that runs
     // the step again does not send it twice.
     step.actions.extend(timeout_event);
+    step
+}
+
+/// Draining, but the node's pods were never listed (the pod watch gets no answer: RBAC, an
+/// outage). Nothing can be evicted, but the timeout still holds: past it the request says why it
+/// waits, instead of sitting in Draining with no sign of trouble.
+fn pods_never_listed(
+    request: &NodeMaintenance,
+    spec: &DrainSpec,
+    now: Timestamp,
+    mut step: Step,
+) -> Step {
+    let timeout = Duration::from_secs(u64::from(spec.timeout_seconds()));
+    if timeout.is_zero() {
+        return step;
+    }
+    let started = conditions::phase_since(request).unwrap_or(now);
+    let deadline = after(started, timeout);
+    if now < deadline {
+        step.wake(after(deadline, TIMER_SLACK));
+        return step;
+    }
+    let reported = request
+        .condition(condition_type::FAILED)
+        .is_some_and(|c| c.reason == FailedReason::DrainTimeout.as_str());
+    if reported {
+        return step;
+    }
+    let message = format!(
+        "drain did not finish within {}s: the pods on node {} could not be listed (the \
+         operator's pod watch gets no answer; check that it may list and watch pods, and its log)",
+        timeout.as_secs(),
+        request.spec.node_name
+    );
+    let mut status = request.status.clone().unwrap_or_default();
+    set_failed(
+        &mut status,
+        request,
+        FailedReason::DrainTimeout,
+        &message,
+        now,
+    );
+    step.actions.push(Action::WriteStatus(StatusWrite {
+        status,
+        transition: None,
+    }));
+    step.actions.push(Action::Event(Event {
+        warning: true,
+        reason: FailedReason::DrainTimeout.event(),
+        note: message,
+    }));
     step
 }
 

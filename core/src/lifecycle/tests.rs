@@ -1655,3 +1655,41 @@ fn a_deletion_mid_drain_cancels_the_evictions_in_flight() {
         vec!["app/web-1".to_string(), "app/web-2".to_string()]
     );
 }
+
+/// A drain whose pods could never be listed still times out, and says why, once.
+#[test]
+fn a_drain_whose_pods_are_never_listed_still_times_out() {
+    let nm = with_drain(request(Phase::Draining), 60);
+    let early = run(&nm, CORDONED, None, at(10));
+    assert!(early.actions.is_empty() && early.watch_pods);
+    assert_eq!(early.wake_at, Some(after(at(60), TIMER_SLACK)));
+    let late = run(&nm, CORDONED, None, at(61));
+    assert_eq!(events(&late), vec![EventReason::DrainTimeout]);
+    let failed = status_writes(&late)[0]
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition_type::FAILED)
+        .cloned()
+        .expect("a Failed condition");
+    assert!(
+        failed.message.contains("could not be listed"),
+        "{}",
+        failed.message
+    );
+    let mut reported = nm.clone();
+    reported.status = Some(status_writes(&late)[0].status.clone());
+    assert!(run(&reported, CORDONED, None, at(90)).actions.is_empty());
+}
+
+#[test]
+fn a_failed_step_backs_off_and_only_the_first_conflicts_retry_at_once() {
+    let ms = |d: Duration| d.as_millis();
+    assert_eq!(ms(retry_after_failed_step(true, 1)), 0);
+    assert_eq!(ms(retry_after_failed_step(true, 2)), 0);
+    assert_eq!(ms(retry_after_failed_step(true, 3)), 500);
+    assert_eq!(ms(retry_after_failed_step(true, 50)), 30_000);
+    assert_eq!(ms(retry_after_failed_step(false, 1)), 500);
+    assert_eq!(ms(retry_after_failed_step(false, 2)), 1_000);
+    assert_eq!(ms(retry_after_failed_step(false, 9)), 30_000);
+}
