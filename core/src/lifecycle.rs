@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, BlockedPod, DrainSpec, DrainStatus, FINALIZER, ForceDeletedPod,
     INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, NodeMaintenanceStatus, Phase,
@@ -627,7 +627,8 @@ pub fn initial_state(request: &NodeMaintenance) -> Option<bool> {
         .map(|v| v == "true")
 }
 
-fn has_finalizer(request: &NodeMaintenance) -> bool {
+/// Whether our finalizer is on the request (the scheduler's `released` reads it too).
+pub fn has_finalizer(request: &NodeMaintenance) -> bool {
     request
         .metadata
         .finalizers
@@ -1024,30 +1025,48 @@ fn invalid_spec(request: &NodeMaintenance, message: &str, now: Timestamp) -> Ste
         watch_pods: true,
         ..Step::default()
     };
-    if request
-        .condition(condition_type::FAILED)
-        .is_some_and(|c| c.reason == FailedReason::InvalidSpec.as_str() && c.message == message)
+    if failed_with(request, FailedReason::InvalidSpec)
+        .is_some_and(|reported| reported.message == message)
     {
         return step;
     }
-    let mut status = request.status.clone().unwrap_or_default();
-    set_failed(
-        &mut status,
+    step.actions.extend(report_failure(
         request,
         FailedReason::InvalidSpec,
         message,
         now,
-    );
-    step.actions.push(Action::WriteStatus(StatusWrite {
-        status,
-        transition: None,
-    }));
-    step.actions.push(Action::Event(Event {
-        warning: true,
-        reason: FailedReason::InvalidSpec.event(),
-        note: message.to_string(),
-    }));
+    ));
     step
+}
+
+/// The `Failed` condition of this reason, if the request has one.
+fn failed_with(request: &NodeMaintenance, reason: FailedReason) -> Option<&Condition> {
+    request
+        .condition(condition_type::FAILED)
+        .filter(|c| c.reason == reason.as_str())
+}
+
+/// The status write that sets `Failed` (this reason and message) without a phase change, then
+/// its Warning Event (after the write it reports).
+fn report_failure(
+    request: &NodeMaintenance,
+    reason: FailedReason,
+    message: &str,
+    now: Timestamp,
+) -> [Action; 2] {
+    let mut status = request.status.clone().unwrap_or_default();
+    set_failed(&mut status, request, reason, message, now);
+    [
+        Action::WriteStatus(StatusWrite {
+            status,
+            transition: None,
+        }),
+        Action::Event(Event {
+            warning: true,
+            reason: reason.event(),
+            note: message.to_string(),
+        }),
+    ]
 }
 
 fn set_failed(
@@ -1431,9 +1450,7 @@ fn on_draining(
         write_now = true;
     }
     // An earlier Failed of another cause never hides the timeout.
-    let timeout_reported = request
-        .condition(condition_type::FAILED)
-        .is_some_and(|c| c.reason == FailedReason::DrainTimeout.as_str());
+    let timeout_reported = failed_with(request, FailedReason::DrainTimeout).is_some();
     let mut timeout_event = None;
     if timed_out && !timeout_reported {
         let message = timeout_message(timeout, &blocked, &remaining);
@@ -1499,10 +1516,7 @@ fn pods_never_listed(
         step.wake(after(deadline, TIMER_SLACK));
         return step;
     }
-    let reported = request
-        .condition(condition_type::FAILED)
-        .is_some_and(|c| c.reason == FailedReason::DrainTimeout.as_str());
-    if reported {
+    if failed_with(request, FailedReason::DrainTimeout).is_some() {
         return step;
     }
     let message = format!(
@@ -1511,23 +1525,12 @@ fn pods_never_listed(
         timeout.as_secs(),
         request.spec.node_name
     );
-    let mut status = request.status.clone().unwrap_or_default();
-    set_failed(
-        &mut status,
+    step.actions.extend(report_failure(
         request,
         FailedReason::DrainTimeout,
         &message,
         now,
-    );
-    step.actions.push(Action::WriteStatus(StatusWrite {
-        status,
-        transition: None,
-    }));
-    step.actions.push(Action::Event(Event {
-        warning: true,
-        reason: FailedReason::DrainTimeout.event(),
-        note: message,
-    }));
+    ));
     step
 }
 

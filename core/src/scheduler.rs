@@ -15,7 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::{
-    Budget, DEFAULT_CONFIG_NAME, FINALIZER, IntOrPercentError, MaintenanceOperatorConfigSpec,
+    Budget, DEFAULT_CONFIG_NAME, IntOrPercentError, MaintenanceOperatorConfigSpec,
     MaintenanceWindow, NodeMaintenance, Phase, Rounding, resolve_int_or_percent,
 };
 use serde::{Serialize, Serializer};
@@ -85,11 +85,6 @@ impl RequestState {
     pub fn from_request(request: &NodeMaintenance) -> RequestState {
         let phase = request.phase();
         let deleting = request.is_deleting();
-        let our_finalizer = request
-            .metadata
-            .finalizers
-            .as_ref()
-            .is_some_and(|finalizers| finalizers.iter().any(|f| f == FINALIZER));
         RequestState {
             namespace: request.metadata.namespace.clone().unwrap_or_default(),
             name: request.metadata.name.clone().unwrap_or_default(),
@@ -100,7 +95,9 @@ impl RequestState {
             deleting,
             // A Pending request never had our finalizer: it is not released but simply waits
             // (and, being deleted, is never admitted).
-            released: deleting && phase != Phase::Pending && !our_finalizer,
+            released: deleting
+                && phase != Phase::Pending
+                && !crate::lifecycle::has_finalizer(request),
             admission_retry: None,
         }
     }
@@ -1378,7 +1375,7 @@ mod tests {
     #[test]
     fn a_deleted_request_whose_cleanup_is_done_holds_no_slot() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-        use maintenance_crds::NodeMaintenanceStatus;
+        use maintenance_crds::{FINALIZER, NodeMaintenanceStatus};
         let object = |name: &str, node: usize, phase: Phase, finalizers: &[&str]| NodeMaintenance {
             metadata: ObjectMeta {
                 namespace: Some(NAMESPACE.to_string()),

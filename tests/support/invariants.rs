@@ -23,7 +23,8 @@
 //! a node is *in maintenance* while a request on it is past Pending and the Node exists, a request
 //! being deleted included until it is *released*: deleted past Pending with the operator's
 //! finalizer off (its cleanup is done; another finalizer may keep the object), as
-//! [`RequestState::from_request`] decides and the scheduler counts it. Limits given as percentages are of **all the cluster's nodes** at that moment
+//! [`RequestState::from_request`] decides and the scheduler counts it. Limits given as
+//! percentages are of **all the cluster's nodes** at that moment
 //! (maxParallelOperations rounded up, maxUnavailable rounded down), as the operator computes
 //! them; that is why the limit checks only mean something on a control plane the test owns, and
 //! run only when [`Scope::check_limits`] says so (by default: when the testbed is the test's own).
