@@ -1,7 +1,8 @@
 //! The edges of the node lifecycle (`core/src/lifecycle.rs`) on a live control plane: deletion in
 //! each phase with and without additional requestors, the node deleted under a request, spec
-//! fields removed mid-phase, RequestorFailed before Ready, a drain timeout after an earlier
-//! InvalidSpec, pods that arrive during a drain, and a `Ready` reason this operator does not know.
+//! fields removed mid-phase, `spec.cordon` turned off mid-maintenance, RequestorFailed before
+//! Ready, a drain timeout after an earlier InvalidSpec, pods that arrive during a drain, and a
+//! `Ready` reason this operator does not know.
 //!
 //! Every assertion is on what the API server shows (the node's `spec.unschedulable`, the request
 //! and its conditions, pods), with deadlines. Tests that depend on `maxParallelOperations: 1`
@@ -388,6 +389,35 @@ async fn deletion_while_waiting_for_pod_completion_uncordons_and_releases_at_onc
             .iter()
             .any(|p| p.metadata.uid == pod.metadata.uid && p.metadata.deletion_timestamp.is_none()),
         "the pod waited for was touched by the cleanup"
+    );
+    monitor.finish().await?;
+    Ok(())
+}
+
+/// `spec.cordon` turned off while Ready, then the request deleted: the node we cordoned is
+/// uncordoned. NVIDIA's `handleTerminalState` (internal/controller/nodemaintenance_controller.go)
+/// reads `spec.cordon` at deletion and would leave it cordoned; ours owes the uncordon from the
+/// admission's `cordon-requested` annotation.
+#[tokio::test]
+async fn a_cordon_turned_off_mid_maintenance_is_still_undone() -> Result<()> {
+    let (client, ns, nodes) = setup("edge-cordonoff", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
+    let node = &nodes[0];
+    create_request(&client, &ns, "m", request_spec(node, "cordon.example.com")).await?;
+    wait_request(&client, &ns, "m", "Ready", WAIT, |r| {
+        r.phase() == Phase::Ready
+    })
+    .await?;
+    ensure!(
+        node_unschedulable(&client, node).await?,
+        "{node} not cordoned while Ready"
+    );
+    patch_spec(&client, &ns, "m", serde_json::json!({ "cordon": false })).await?;
+    delete_request(&client, &ns, "m").await?;
+    wait_request_gone(&client, &ns, "m", AT_ONCE).await?;
+    ensure!(
+        !node_unschedulable(&client, node).await?,
+        "{node} left cordoned after spec.cordon was turned off and the request deleted"
     );
     monitor.finish().await?;
     Ok(())

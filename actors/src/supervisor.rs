@@ -809,22 +809,22 @@ fn explain_waiting(
             continue;
         };
         let Some(uid) = request.uid() else { continue };
-        // Only a Pending condition carries the reason: a new request gets its first message from
-        // `prepare_pending_requests`, and one being deleted is going away.
-        let Some(condition) = request
-            .condition(condition_type::READY)
-            .filter(|c| c.reason == Phase::Pending.as_str())
-        else {
-            continue;
-        };
+        // One being deleted is going away. Only a Pending condition carries the reason: a new
+        // request gets its first message from `prepare_pending_requests`, and is observed
+        // without one until the cache shows it.
         if request.is_deleting() {
             continue;
         }
+        let message = match request.condition(condition_type::READY) {
+            None => None,
+            Some(c) if c.reason == Phase::Pending.as_str() => Some(c.message.as_str()),
+            Some(_) => continue,
+        };
         observed.push(Observed {
             key: uid.clone(),
             reason: &entry.reason,
             cause: entry.cause,
-            message: &condition.message,
+            message,
         });
         by_uid.insert(uid, (request, &entry.reason));
     }

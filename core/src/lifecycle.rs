@@ -19,9 +19,9 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
-    ADMITTED_TIME_ANNOTATION, BlockedPod, DrainSpec, DrainStatus, FINALIZER, ForceDeletedPod,
-    INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, NodeMaintenanceStatus, Phase,
-    READY_TIME_ANNOTATION, condition_type,
+    ADMITTED_TIME_ANNOTATION, BlockedPod, CORDON_REQUESTED_ANNOTATION, DrainSpec, DrainStatus,
+    FINALIZER, ForceDeletedPod, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
+    NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION, condition_type,
 };
 
 use crate::conditions;
@@ -636,9 +636,23 @@ pub fn has_finalizer(request: &NodeMaintenance) -> bool {
         .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
 }
 
-/// We cordon (and so uncordon) only a node that was schedulable before, and only when asked to.
+/// We cordon only a node that was schedulable before, and only when asked to.
 fn we_cordon(request: &NodeMaintenance) -> bool {
     request.spec.cordon() && initial_state(request) == Some(false)
+}
+
+/// The uncordon is owed when we may have cordoned: the node was schedulable before, and the
+/// cordon was asked for now or at admission ([`CORDON_REQUESTED_ANNOTATION`]), so that
+/// `spec.cordon` turned off mid-maintenance does not leave the node cordoned. (Turned on after
+/// the cordon step, it owes an uncordon too: a no-op on a node we never cordoned.)
+fn owes_uncordon(request: &NodeMaintenance) -> bool {
+    let requested_at_admission = request
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CORDON_REQUESTED_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    (request.spec.cordon() || requested_at_admission) && initial_state(request) == Some(false)
 }
 
 fn namespace_of(key: &str) -> &str {
@@ -867,7 +881,7 @@ fn on_deletion(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestam
     // `unschedulable: false` on a node that already has it.
     let cordon_done = phase != Phase::Pending;
     let uncordon =
-        cordon_done && we_cordon(request) && matches!(observed.node, NodeView::Present { .. });
+        cordon_done && owes_uncordon(request) && matches!(observed.node, NodeView::Present { .. });
     if uncordon {
         actions.push(Action::Uncordon);
     }
@@ -924,8 +938,8 @@ fn on_node_gone(request: &NodeMaintenance, now: Timestamp) -> Step {
 }
 
 /// The annotations the admission writes with our finalizer, in one metadata write: the admission
-/// time (from which our phase clocks count, see [`conditions::phase_since`]) and, when the node is
-/// there, its initial state, so the first step can cordon without a write of its own. `node` must
+/// time (from which our phase clocks count, see [`conditions::phase_since`]), whether the cordon
+/// was asked for (see [`owes_uncordon`]) and, when the node is there, its initial state, so the first step can cordon without a write of its own. `node` must
 /// be read from the API server, not a cache: see [`needs_fresh_node`].
 pub fn admission_annotations(
     request: &NodeMaintenance,
@@ -941,6 +955,9 @@ pub fn admission_annotations(
             INITIAL_UNSCHEDULABLE_ANNOTATION.to_string(),
             unschedulable.to_string(),
         );
+    }
+    if request.spec.cordon() {
+        annotations.insert(CORDON_REQUESTED_ANNOTATION.to_string(), "true".to_string());
     }
     annotations
 }

@@ -8,6 +8,12 @@ pub const FINALIZER: &str = "maintenance.nvidia.com/finalizer";
 pub const INITIAL_UNSCHEDULABLE_ANNOTATION: &str =
     "maintenance.nvidia.com/node-initial-state.unschedulable";
 
+/// `"true"` when `spec.cordon` was set at admission (ours, written with the admission). The
+/// uncordon at the end is owed by what we did, not by the spec at the end: NVIDIA's
+/// `handleTerminalState` reads `spec.cordon` at deletion, so turning it off mid-maintenance
+/// leaves the node cordoned for good.
+pub const CORDON_REQUESTED_ANNOTATION: &str = "maintenance.nvidia.com/cordon-requested";
+
 /// When the request became Ready (RFC 3339), written once, as NVIDIA's controller does; garbage
 /// collection counts `maxNodeMaintenanceTimeSeconds` from it.
 pub const READY_TIME_ANNOTATION: &str = "maintenance.nvidia.com/ready-time";

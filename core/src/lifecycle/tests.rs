@@ -9,9 +9,10 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
-    ADMITTED_TIME_ANNOTATION, DrainSpec, DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION,
-    NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION,
-    WAIT_POD_COMPLETION_START_ANNOTATION, WaitForPodCompletionSpec, condition_type,
+    ADMITTED_TIME_ANNOTATION, CORDON_REQUESTED_ANNOTATION, DrainSpec, DrainStatus, FINALIZER,
+    INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus,
+    Phase, READY_TIME_ANNOTATION, WAIT_POD_COMPLETION_START_ANNOTATION, WaitForPodCompletionSpec,
+    condition_type,
 };
 
 use super::*;
@@ -498,11 +499,48 @@ fn admission_records_the_admission_time_and_the_fresh_initial_state() {
     // A node that is gone has no state to record; an initial state already recorded (a request
     // that went back to Pending) is never overwritten.
     assert_eq!(
-        admission_annotations(&pending, NodeView::Missing, at(7)).len(),
-        1
+        annotations
+            .get(CORDON_REQUESTED_ANNOTATION)
+            .map(String::as_str),
+        Some("true")
     );
-    let recorded = with_initial_state(pending, Some(false));
-    assert_eq!(admission_annotations(&recorded, CORDONED, at(7)).len(), 1);
+    assert!(
+        !admission_annotations(&pending, NodeView::Missing, at(7))
+            .contains_key(INITIAL_UNSCHEDULABLE_ANNOTATION)
+    );
+    let recorded = with_initial_state(pending.clone(), Some(false));
+    assert!(
+        !admission_annotations(&recorded, CORDONED, at(7))
+            .contains_key(INITIAL_UNSCHEDULABLE_ANNOTATION)
+    );
+    // cordon: false records nothing about the cordon.
+    let mut no_cordon = pending;
+    no_cordon.spec.cordon = Some(false);
+    assert!(
+        !admission_annotations(&no_cordon, SCHEDULABLE, at(7))
+            .contains_key(CORDON_REQUESTED_ANNOTATION)
+    );
+}
+
+/// `spec.cordon` turned off mid-maintenance: the node we cordoned is still uncordoned on
+/// deletion. NVIDIA's `handleTerminalState` (internal/controller/nodemaintenance_controller.go)
+/// reads `spec.cordon` at deletion and leaves such a node cordoned.
+#[test]
+fn a_cordon_turned_off_mid_maintenance_is_still_undone_on_deletion() {
+    for phase in [Phase::Draining, Phase::Ready, Phase::RequestorFailed] {
+        let mut nm = deleting(request(phase));
+        nm.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(CORDON_REQUESTED_ANNOTATION.into(), "true".into());
+        nm.spec.cordon = Some(false);
+        let step = run(&nm, CORDONED, None, at(5));
+        assert!(has(&step, &Action::Uncordon), "{phase}: {step:?}");
+        assert!(removes_finalizer(&step), "{phase}");
+        // The node was unschedulable before us: still left so.
+        let step = run(&with_initial_state(nm, Some(true)), CORDONED, None, at(5));
+        assert!(!has(&step, &Action::Uncordon), "{phase}: {step:?}");
+    }
 }
 
 #[test]
