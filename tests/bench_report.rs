@@ -8,7 +8,9 @@
 //!   maintained K at a time (maxParallelOperations = maxUnavailable = K), then the same nodes
 //!   drained by `kubectl drain` K at a time on a fresh identical cluster: wall time, eviction calls
 //!   per evicted pod and (ours) API requests per evicted pod, from the audit log;
-//! - the operator's peak RSS (VmHWM) at two cluster sizes.
+//! - the operator's peak RSS (VmHWM) at two cluster sizes, with a tenth of the nodes in
+//!   maintenance and with a fixed number (`MO_BENCH_RSS_FIXED_DRAINS`, by default the smallest
+//!   size's tenth).
 //!
 //! Each workload runs on a fresh control plane, the operator as ServiceAccount `bench-operator`,
 //! whose reads and writes the testbed's audit policy logs. Nothing is timed by a fixed sleep:
@@ -18,8 +20,8 @@
 //! `MO_BENCH_SIZE=smoke|small|large`; overrides `MO_BENCH_NODES`, `MO_BENCH_REQUESTS`,
 //! `MO_BENCH_PARALLEL` (no drain), `MO_BENCH_DRAIN_NODES`, `MO_BENCH_PODS_PER_NODE`,
 //! `MO_BENCH_DRAIN_PARALLEL` (a list, e.g. `2,5`), `MO_BENCH_RSS_NODES` (two or more growing
-//! sizes, e.g. `100,300`), `MO_BENCH_RSS_PODS_PER_NODE`, `MO_BENCH_ONLY` (some of
-//! `no-drain,drain,kubectl,rss`). The report goes to
+//! sizes, e.g. `100,300`), `MO_BENCH_RSS_PODS_PER_NODE`, `MO_BENCH_RSS_FIXED_DRAINS`,
+//! `MO_BENCH_ONLY` (some of `no-drain,drain,kubectl,rss`). The report goes to
 //! `$MO_BENCH_REPORT_DIR/<UTC date>-<size>/` (`make bench` sets `bench`), else to
 //! `target/bench/<UTC date>-<size>/`.
 //!
@@ -69,11 +71,28 @@ struct Size {
     drain_nodes: usize,
     pods_per_node: usize,
     drain_parallel: Vec<usize>,
-    /// Peak RSS: two cluster sizes (nodes) with this many pods per node.
+    /// Peak RSS: two cluster sizes (nodes) with this many pods per node; at each size one run
+    /// drains a tenth of the nodes, another a fixed number, so that the report tells apart what
+    /// RSS follows: the nodes in maintenance or the cluster.
     rss_nodes: Vec<usize>,
     rss_pods_per_node: usize,
+    rss_fixed_drains: usize,
     /// The workloads to run (`MO_BENCH_ONLY`, e.g. `drain`): no-drain, drain, kubectl, rss.
     only: Vec<String>,
+}
+
+/// Drains of the RSS run "a tenth of the nodes" (at least 2).
+fn tenth(nodes: usize) -> usize {
+    (nodes / 10).max(2)
+}
+
+/// The drains of the RSS runs at a cluster of `nodes`: a tenth of them, and the fixed number
+/// (one run when they are the same).
+fn rss_drains(size: &Size, nodes: usize) -> Vec<usize> {
+    let mut drains = vec![tenth(nodes), size.rss_fixed_drains.min(nodes)];
+    drains.sort_unstable();
+    drains.dedup();
+    drains
 }
 
 fn env_usize(name: &str) -> Result<Option<usize>> {
@@ -116,6 +135,7 @@ impl Size {
                 drain_parallel: vec![2],
                 rss_nodes: vec![10, 30],
                 rss_pods_per_node: 2,
+                rss_fixed_drains: 0,
                 only: vec![],
             },
             "small" => Size {
@@ -128,6 +148,7 @@ impl Size {
                 drain_parallel: vec![2, 4],
                 rss_nodes: vec![100, 300],
                 rss_pods_per_node: 5,
+                rss_fixed_drains: 0,
                 only: vec![],
             },
             "large" => Size {
@@ -140,6 +161,7 @@ impl Size {
                 drain_parallel: vec![2, 5, 10, 20],
                 rss_nodes: vec![250, 1000],
                 rss_pods_per_node: 10,
+                rss_fixed_drains: 0,
                 only: vec![],
             },
             other => bail!("MO_BENCH_SIZE={other:?}: want smoke, small or large"),
@@ -172,6 +194,11 @@ impl Size {
         if let Some(v) = env_usize("MO_BENCH_RSS_PODS_PER_NODE")? {
             size.rss_pods_per_node = v;
         }
+        // By default the drains of the smallest size, held while the cluster grows.
+        size.rss_fixed_drains = match env_usize("MO_BENCH_RSS_FIXED_DRAINS")? {
+            Some(v) => v.max(1),
+            None => tenth(size.rss_nodes.first().copied().unwrap_or(0)),
+        };
         if let Ok(only) = std::env::var("MO_BENCH_ONLY") {
             size.only = only
                 .split(',')
@@ -1177,9 +1204,6 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
     let ppn = size.rss_pods_per_node;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     for (round, &want) in size.rss_nodes.iter().enumerate() {
-        // A tenth of the nodes under maintenance at once.
-        let requests = (want / 10).max(2);
-        install(&client, Some(limits(i32::try_from(requests)?, None))).await?;
         if round == 0 {
             create_namespace(&client, &ns).await?;
         }
@@ -1214,37 +1238,41 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
         let setup_seconds = setup_started.elapsed().as_secs_f64();
         step.end(&format!("{} nodes, {pods} pods Ready", nodes.len()));
 
-        let step = progress.begin(&format!(
-            "rss: operator on {} nodes, {requests} drains",
-            nodes.len()
-        ));
-        let op = Operator::start_as(&testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
-        let req_ns = unique_name("rss-req");
-        create_namespace(&client, &req_ns).await?;
-        let (_, seconds) = run_requests(
-            &client,
-            &req_ns,
-            &nodes[..requests],
-            true,
-            size.wait(requests * ppn * 4),
-            &step,
-        )
-        .await?;
-        let (hwm, now) = operator_rss(&op)?;
-        let cpu_seconds_per_request = operator_cpu_seconds(&op)? / requests.max(1) as f64;
-        drop(op);
-        step.end(&format!("peak RSS {hwm:.1} MiB (now {now:.1} MiB)"));
-        points.push(RssPoint {
-            nodes: nodes.len(),
-            pods,
-            requests,
-            rss_peak_mib: hwm,
-            rss_now_mib: now,
-            seconds,
-            cpu_seconds_per_request,
-            setup_seconds,
-            control_plane_rss_mib: control_plane_rss(&testbed),
-        });
+        // A fresh operator per run, all its requests under maintenance at once.
+        for requests in rss_drains(size, nodes.len()) {
+            install(&client, Some(limits(i32::try_from(requests)?, None))).await?;
+            let step = progress.begin(&format!(
+                "rss: operator on {} nodes, {requests} drains",
+                nodes.len()
+            ));
+            let op = Operator::start_as(&testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
+            let req_ns = unique_name("rss-req");
+            create_namespace(&client, &req_ns).await?;
+            let (_, seconds) = run_requests(
+                &client,
+                &req_ns,
+                &nodes[..requests],
+                true,
+                size.wait(requests * ppn * 4),
+                &step,
+            )
+            .await?;
+            let (hwm, now) = operator_rss(&op)?;
+            let cpu_seconds_per_request = operator_cpu_seconds(&op)? / requests.max(1) as f64;
+            drop(op);
+            step.end(&format!("peak RSS {hwm:.1} MiB (now {now:.1} MiB)"));
+            points.push(RssPoint {
+                nodes: nodes.len(),
+                pods,
+                requests,
+                rss_peak_mib: hwm,
+                rss_now_mib: now,
+                seconds,
+                cpu_seconds_per_request,
+                setup_seconds,
+                control_plane_rss_mib: control_plane_rss(&testbed),
+            });
+        }
     }
     Ok(points)
 }
@@ -1400,6 +1428,7 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
         drain_parallel: vec![],
         rss_nodes: vec![],
         rss_pods_per_node: 0,
+        rss_fixed_drains: 0,
         only: vec![],
     });
     let _ = writeln!(
@@ -1543,11 +1572,13 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
     if !report.rss.is_empty() {
         let _ = writeln!(
             md,
-            "\n## Operator memory\n\nA fresh operator process per size; peak RSS is VmHWM of \
-             /proc/PID/status after it drained a tenth of the nodes (at least 2), all under \
-             maintenance at once (maxParallelOperations = drains). Growing the cluster (nodes \
-             Ready, then every pod Ready) and the control plane's memory at the end show where \
-             the testbed stops.\n\n\
+            "\n## Operator memory\n\nA fresh operator process per run; peak RSS is VmHWM of \
+             /proc/PID/status after it drained its nodes, all under maintenance at once \
+             (maxParallelOperations = drains). At each size one run drains a tenth of the nodes \
+             (at least 2) and one a fixed number, so that what RSS follows (the nodes in \
+             maintenance or the cluster) can be told apart. Growing the cluster (nodes Ready, \
+             then every pod Ready) and the control plane's memory at the end show where the \
+             testbed stops.\n\n\
              | Nodes | Pods | Drains | Peak RSS (MiB) | RSS at the end (MiB) | Time (s) | CPU per drain (ms) | Cluster growth (s) | kube-apiserver RSS (MiB) | etcd RSS (MiB) |\n\
              | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
@@ -1570,6 +1601,35 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
                 r.setup_seconds,
                 component(r, "kube-apiserver"),
                 component(r, "etcd"),
+            );
+        }
+        let fixed = report.size.as_ref().map_or(0, |s| s.rss_fixed_drains);
+        let growth = |keep: &dyn Fn(&RssPoint) -> bool| {
+            let series: Vec<&RssPoint> = report.rss.iter().filter(|r| keep(r)).collect();
+            match (series.first().copied(), series.last().copied()) {
+                (Some(a), Some(b)) if b.nodes > a.nodes => Some((
+                    a,
+                    b,
+                    (b.rss_peak_mib - a.rss_peak_mib) / (b.nodes - a.nodes) as f64 * 1000.0,
+                )),
+                _ => None,
+            }
+        };
+        let _ = writeln!(md);
+        if let Some((a, b, per_1000)) = growth(&|r| r.requests == fixed) {
+            let _ = writeln!(
+                md,
+                "- {fixed} drains held, cluster from {} to {} nodes: peak RSS {:.1} -> {:.1} MiB, \
+                 {per_1000:.1} MiB per 1,000 nodes (what the cluster's size costs).",
+                a.nodes, b.nodes, a.rss_peak_mib, b.rss_peak_mib
+            );
+        }
+        if let Some((a, b, per_1000)) = growth(&|r| r.requests == tenth(r.nodes)) {
+            let _ = writeln!(
+                md,
+                "- A tenth in maintenance, {} to {} drains on {} to {} nodes: peak RSS {:.1} -> \
+                 {:.1} MiB, {per_1000:.1} MiB per 1,000 nodes and 100 drains.",
+                a.requests, b.requests, a.nodes, b.nodes, a.rss_peak_mib, b.rss_peak_mib
             );
         }
     }
@@ -1760,15 +1820,29 @@ fn charts(report: &Report, dir: &Path) -> Result<Vec<(String, String)>> {
         made.push((title.to_string(), "calls-per-evicted-pod.svg".to_string()));
     }
     if !report.rss.is_empty() {
-        let series = vec![Series {
-            name: "operator peak RSS".into(),
-            points: report
-                .rss
-                .iter()
-                .map(|r| (r.nodes as f64, r.rss_peak_mib))
-                .collect(),
-            color: OURS,
-        }];
+        let fixed = report.size.as_ref().map_or(0, |s| s.rss_fixed_drains);
+        let series = vec![
+            Series {
+                name: "a tenth of the nodes in maintenance".into(),
+                points: report
+                    .rss
+                    .iter()
+                    .filter(|r| r.requests == tenth(r.nodes))
+                    .map(|r| (r.nodes as f64, r.rss_peak_mib))
+                    .collect(),
+                color: OURS,
+            },
+            Series {
+                name: format!("{fixed} nodes in maintenance"),
+                points: report
+                    .rss
+                    .iter()
+                    .filter(|r| r.requests == fixed)
+                    .map(|r| (r.nodes as f64, r.rss_peak_mib))
+                    .collect(),
+                color: KUBECTL,
+            },
+        ];
         let title = "Operator peak RSS vs cluster size";
         line_chart(
             &dir.join("rss.svg"),
@@ -1881,7 +1955,7 @@ fn readme_table(report: &Report, dir_name: &str) -> String {
             cell(theirs, false)
         );
     }
-    if let Some(largest) = report.rss.iter().max_by_key(|r| r.nodes) {
+    if let Some(largest) = report.rss.iter().max_by_key(|r| (r.nodes, r.requests)) {
         let _ = writeln!(
             t,
             "| Operator peak RSS, {} nodes / {} pods, {} drains | {:.1} MiB | – |",
@@ -2081,7 +2155,12 @@ async fn run() -> Result<()> {
     );
     if size.runs("rss") {
         ensure!(
-            report.rss.len() == size.rss_nodes.len()
+            report.rss.len()
+                == size
+                    .rss_nodes
+                    .iter()
+                    .map(|&n| rss_drains(&size, n).len())
+                    .sum::<usize>()
                 && report.rss.iter().all(|r| r.rss_peak_mib > 0.0),
             "missing RSS figures"
         );
