@@ -153,6 +153,52 @@ async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
     Ok(())
 }
 
+/// Requests on one node, each created the moment the one before is gone: the admission takes
+/// the node's state from the cache when the cache shows it schedulable and reads it again when
+/// the cache may still show the previous request's cordon, so every request records the node as
+/// schedulable before it and the node ends schedulable. The test cannot make the cache lag (an
+/// operator that trusts a cordoned cache passes it too, most runs): the rule is tested in core
+/// (`the_admission_trusts_a_schedulable_cached_node_and_reads_a_cordoned_one_again`); this guards
+/// the wiring.
+#[tokio::test]
+async fn back_to_back_requests_on_one_node_each_record_it_schedulable() -> Result<()> {
+    let (client, ns, nodes) = setup("backtoback", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
+    let node = &nodes[0];
+    for i in 0..8 {
+        let name = format!("m{i}");
+        create_request(
+            &client,
+            &ns,
+            &name,
+            request_spec(node, "backtoback.example.com"),
+        )
+        .await?;
+        let ready = wait_phase(&client, &ns, &name, Phase::Ready, WAIT).await?;
+        let recorded = ready
+            .annotations()
+            .get(INITIAL_UNSCHEDULABLE_ANNOTATION)
+            .map(String::as_str);
+        anyhow::ensure!(
+            recorded == Some("false"),
+            "{ns}/{name} recorded {node}'s initial state as {recorded:?}, want \"false\": the \
+             previous request's cordon was taken for the node's own"
+        );
+        anyhow::ensure!(
+            node_unschedulable(&client, node).await?,
+            "{node} not cordoned while {ns}/{name} is Ready"
+        );
+        delete_request(&client, &ns, &name).await?;
+        wait_request_gone(&client, &ns, &name, WAIT).await?;
+    }
+    anyhow::ensure!(
+        !node_unschedulable(&client, node).await?,
+        "{node} left cordoned after the last request was gone"
+    );
+    monitor.finish().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn additional_requestors_keep_the_node_until_they_let_go() -> Result<()> {
     let (client, ns, nodes) = setup("shared", 1).await?;

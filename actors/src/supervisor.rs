@@ -1042,15 +1042,21 @@ async fn admit(
     // Usually already set while the request was Pending; the same rule either way.
     let owners = ownership::owner_references(request.owner_references(), node_identity(node))
         .unwrap_or_else(|| request.owner_references().to_vec());
-    // The node from the API server, not the cache: the cache may still show the cordon of a
-    // request on this node released a moment ago, and the initial state decides the uncordon.
-    let fresh_node = if lifecycle::initial_state(request).is_none() {
-        let nodes: Api<Node> = Api::all(ctx.client.clone());
-        lifecycle::NodeView::of(nodes.get_opt(&request.spec.node_name).await?.as_ref())
-    } else {
-        lifecycle::NodeView::Missing
+    // The initial state decides the uncordon: a cached node is used only when it shows the node
+    // schedulable (`admission_node_view`), else it is read from the API server, as the cache may
+    // still show the cordon of a request on this node released a moment ago.
+    let node_view = match (
+        lifecycle::initial_state(request),
+        lifecycle::admission_node_view(node.map(|n| n.as_ref())),
+    ) {
+        (Some(_), _) => lifecycle::NodeView::Missing,
+        (None, Some(cached)) => cached,
+        (None, None) => {
+            let nodes: Api<Node> = Api::all(ctx.client.clone());
+            lifecycle::NodeView::of(nodes.get_opt(&request.spec.node_name).await?.as_ref())
+        }
     };
-    let annotations = lifecycle::admission_annotations(request, fresh_node, jiff::Timestamp::now());
+    let annotations = lifecycle::admission_annotations(request, node_view, jiff::Timestamp::now());
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": request.resource_version(),

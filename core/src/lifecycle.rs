@@ -579,6 +579,23 @@ pub fn needs_fresh_node(request: &NodeMaintenance) -> bool {
     !request.is_deleting() && request.phase() != Phase::Pending && initial_state(request).is_none()
 }
 
+/// The node's state for the admission's initial-state record, from the shared cache when that is
+/// safe; `None` when it must be read from the API server.
+///
+/// A cache that shows the node schedulable is used as it is. One that shows it cordoned, or not
+/// at all, may lag behind the uncordon of a request on this node released a moment ago: recorded
+/// as the initial state, that cordon would never be undone, so it is read again. A cache that
+/// lags the other way (it misses a cordon someone made a moment ago) has that cordon undone at
+/// the end, the same outcome as a cordon landing just after a fresh read, which no read prevents.
+pub fn admission_node_view(cached: Option<&Node>) -> Option<NodeView> {
+    match NodeView::of(cached) {
+        schedulable @ NodeView::Present {
+            unschedulable: false,
+        } if cached.is_some() => Some(schedulable),
+        _ => None,
+    }
+}
+
 /// Whether the supervisor runs an actor for this request: while it is in progress on an existing
 /// node, or while our finalizer waits for cleanup. A request whose node is gone and whose
 /// finalizer is off needs nothing (and must not be restarted forever).
@@ -939,8 +956,9 @@ fn on_node_gone(request: &NodeMaintenance, now: Timestamp) -> Step {
 
 /// The annotations the admission writes with our finalizer, in one metadata write: the admission
 /// time (from which our phase clocks count, see [`conditions::phase_since`]), whether the cordon
-/// was asked for (see [`owes_uncordon`]) and, when the node is there, its initial state, so the first step can cordon without a write of its own. `node` must
-/// be read from the API server, not a cache: see [`needs_fresh_node`].
+/// was asked for (see [`owes_uncordon`]) and, when the node is there, its initial state, so the
+/// first step can cordon without a write of its own. `node` comes from [`admission_node_view`],
+/// or from the API server when that says so.
 pub fn admission_annotations(
     request: &NodeMaintenance,
     node: NodeView,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, CORDON_REQUESTED_ANNOTATION, DrainSpec, DrainStatus, FINALIZER,
@@ -520,6 +520,27 @@ fn admission_records_the_admission_time_and_the_fresh_initial_state() {
         !admission_annotations(&no_cordon, SCHEDULABLE, at(7))
             .contains_key(CORDON_REQUESTED_ANNOTATION)
     );
+}
+
+/// The admission's initial state comes from the cache only when the cache shows the node
+/// schedulable: a cordon in the cache may be a released request's, not yet uncordoned there, and
+/// recorded as the initial state it would never be undone.
+#[test]
+fn the_admission_trusts_a_schedulable_cached_node_and_reads_a_cordoned_one_again() {
+    let node = |unschedulable: Option<bool>| Node {
+        spec: Some(NodeSpec {
+            unschedulable,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert_eq!(admission_node_view(Some(&node(None))), Some(SCHEDULABLE));
+    assert_eq!(
+        admission_node_view(Some(&node(Some(false)))),
+        Some(SCHEDULABLE)
+    );
+    assert_eq!(admission_node_view(Some(&node(Some(true)))), None);
+    assert_eq!(admission_node_view(None), None);
 }
 
 /// `spec.cordon` turned off mid-maintenance: the node we cordoned is still uncordoned on
