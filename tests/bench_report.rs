@@ -50,7 +50,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use maintenance_crds::{NodeMaintenance, Phase};
 use serde::Serialize;
-use support::audit::{AuditLog, BENCH_OPERATOR_ACCOUNT};
+use support::audit::{AuditLog, BENCH_OPERATOR_ACCOUNT, WriteCall, seconds_between};
 use support::operator::*;
 use support::*;
 
@@ -313,6 +313,125 @@ struct NoDrain {
     /// Events go out in the background: how long after the last request was gone the last of
     /// them reached the API server. The calls are counted until then.
     events_lag_seconds: f64,
+    /// Where a slot's time goes: the segments of one request's lifecycle, from the audit log.
+    timeline: Vec<Segment>,
+}
+
+/// One segment of a request's lifecycle without a drain, between two of the operator's calls as
+/// the API server received them, over all requests.
+#[derive(Clone, Debug, Default, Serialize)]
+struct Segment {
+    name: String,
+    /// What happens in it.
+    covers: String,
+    samples: usize,
+    median_ms: f64,
+    p90_ms: f64,
+}
+
+/// Splits each request's lifecycle at the operator's calls: admission (its metadata write),
+/// cordon, Ready (the status write after the cordon), uncordon, finalizer removal, and from a
+/// release to the admission that takes its slot (the k-th release frees the slot of the
+/// (parallel + k)-th admission). `nodes[i]` is the node of request `r{i}`.
+fn lifecycle_timeline(
+    log: &AuditLog,
+    ns: &str,
+    nodes: &[String],
+    parallel: usize,
+    from: Timestamp,
+    to: Timestamp,
+) -> Vec<Segment> {
+    let user = service_account_user(BENCH_OPERATOR_ACCOUNT);
+    let ours: Vec<&WriteCall> = log
+        .writes
+        .iter()
+        .filter(|w| w.user == user && w.received >= from && w.received <= to && w.code < 300)
+        .collect();
+    let mut segments: [Vec<f64>; 5] = Default::default();
+    let mut admissions = Vec::new();
+    let mut releases = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let name = format!("r{i}");
+        let of_request: Vec<&&WriteCall> = ours
+            .iter()
+            .filter(|w| w.resource == "nodemaintenances" && w.namespace == ns && w.name == name)
+            .collect();
+        let metadata: Vec<Timestamp> = of_request
+            .iter()
+            .filter(|w| w.subresource.is_empty())
+            .map(|w| w.received)
+            .collect();
+        let node_patches: Vec<Timestamp> = ours
+            .iter()
+            .filter(|w| w.resource == "nodes" && w.name == *node && w.verb == "patch")
+            .map(|w| w.received)
+            .collect();
+        let (Some(&admitted), Some(&released), [cordon, uncordon, ..]) =
+            (metadata.first(), metadata.last(), node_patches.as_slice())
+        else {
+            continue;
+        };
+        let Some(ready) = of_request
+            .iter()
+            .filter(|w| w.subresource == "status" && w.received > *cordon)
+            .map(|w| w.received)
+            .next()
+        else {
+            continue;
+        };
+        let points = [admitted, *cordon, ready, *uncordon, released];
+        for (k, pair) in points.windows(2).enumerate() {
+            segments[k].push(seconds_between(pair[0], pair[1]) * 1000.0);
+        }
+        admissions.push(admitted);
+        releases.push(released);
+    }
+    admissions.sort();
+    releases.sort();
+    for (k, released) in releases.iter().enumerate() {
+        if let Some(next) = admissions.get(parallel + k) {
+            segments[4].push(seconds_between(*released, *next) * 1000.0);
+        }
+    }
+    const NAMES: [(&str, &str); 5] = [
+        (
+            "admission -> cordon",
+            "the admission's metadata write, its Scheduled status write, the node actor's start",
+        ),
+        ("cordon -> Ready", "the cordon, then the Ready status write"),
+        (
+            "Ready -> uncordon",
+            "the requestor sees Ready and deletes; the operator sees the deletion",
+        ),
+        (
+            "uncordon -> finalizer off",
+            "the uncordon, then the finalizer's removal",
+        ),
+        (
+            "release -> next admission",
+            "the object goes, the cache shows it, a round admits the next request",
+        ),
+    ];
+    NAMES
+        .iter()
+        .zip(segments.iter_mut())
+        .map(|((name, covers), samples)| {
+            samples.sort_by(f64::total_cmp);
+            let at = |q: f64| {
+                samples
+                    .get(((samples.len() as f64 - 1.0) * q).round() as usize)
+                    .copied()
+                    .unwrap_or(f64::NAN)
+            };
+            Segment {
+                name: name.to_string(),
+                covers: covers.to_string(),
+                samples: samples.len(),
+                median_ms: at(0.5),
+                p90_ms: at(0.9),
+            }
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -791,6 +910,13 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         .unwrap_or(f64::NAN);
     let log = AuditLog::read(&testbed)?;
     let (calls, calls_by_verb, calls_by_resource) = operator_calls(&log, from, to);
+    let timeline = lifecycle_timeline(&log, &ns, &nodes[..size.requests], size.parallel, from, to);
+    for segment in &timeline {
+        println!(
+            "    {}: median {:.0} ms, p90 {:.0} ms ({} requests)",
+            segment.name, segment.median_ms, segment.p90_ms, segment.samples
+        );
+    }
     println!(
         "    operator API calls: {calls} ({:.2} per request), by verb {calls_by_verb:?}",
         ratio(calls, size.requests)
@@ -809,6 +935,7 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         requests_per_second,
         calls_per_request: ratio(calls, size.requests),
         events_lag_seconds,
+        timeline,
         calls_by_verb,
         calls_by_resource,
         scheduler_rounds,
@@ -1500,6 +1627,29 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
         );
         for (call, n) in &nd.calls_by_resource {
             let _ = writeln!(md, "| {call} | {n} | {:.2} |", ratio(*n, nd.requests));
+        }
+        if !nd.timeline.is_empty() {
+            let slot_ms = nd.seconds * nd.parallel as f64 / nd.requests.max(1) as f64 * 1000.0;
+            let sum: f64 = nd.timeline.iter().map(|s| s.median_ms).sum();
+            let _ = writeln!(
+                md,
+                "\nWhere a slot's time goes: each request's lifecycle cut at the operator's calls, \
+                 as the API server received them (audit log). A slot serves a request every \
+                 {slot_ms:.0} ms (wall time x maxParallelOperations / requests); the medians add \
+                 up to {sum:.0} ms.\n\n| Segment | What happens in it | Requests | Median (ms) | \
+                 p90 (ms) |\n| --- | --- | --- | --- | --- |"
+            );
+            for segment in &nd.timeline {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {:.0} | {:.0} |",
+                    segment.name,
+                    segment.covers,
+                    segment.samples,
+                    segment.median_ms,
+                    segment.p90_ms
+                );
+            }
         }
     }
 

@@ -68,17 +68,16 @@ pub enum SupervisorMsg {
 }
 
 /// How an admission's writes ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum AdmitOutcome {
-    Done,
+    /// Admitted: the request as the admission's last write returned it.
+    Done(Arc<NodeMaintenance>),
     /// The request changed or went away meanwhile (conflict, not found): the cache is behind,
     /// and a round decides again once it shows the request's next version.
     Changed,
     /// Another error (logged and counted), as the request's Pending message will quote it: the
     /// request backs off ([`scheduler::admission_retry_delay`]) and the next one takes its slot.
-    Failed {
-        error: String,
-    },
+    Failed { error: String },
 }
 
 pub struct Supervisor;
@@ -272,11 +271,21 @@ impl Actor for Supervisor {
             } => {
                 state.admitting.remove(&uid);
                 match outcome {
-                    AdmitOutcome::Done => {
+                    AdmitOutcome::Done(written) => {
                         state.admission_retries.remove(&uid);
                         state.admitted.insert(uid);
                         state.ctx.metrics.requests_admitted_total.inc();
-                        // The cache's event for the Scheduled status brings the next round.
+                        // The node actor starts now, from the version the admission wrote,
+                        // rather than once the cache shows it (a watch hop on every slot's
+                        // turn). The cache's event for the Scheduled status brings the next
+                        // round.
+                        let node_exists = state
+                            .nodes
+                            .get(&reflector::ObjectRef::new(&written.spec.node_name))
+                            .is_some();
+                        if node_exists {
+                            ensure_actor(&myself, state, &written, node_exists).await;
+                        }
                         return Ok(());
                     }
                     // No time backoff: the request did nothing wrong, the cache is only behind,
@@ -563,7 +572,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                         admit(&ctx, &request, node.as_ref()).await
                     };
                     match admitted.await {
-                        Ok(_) => AdmitOutcome::Done,
+                        Ok(written) => AdmitOutcome::Done(Arc::new(written)),
                         Err(err) if is_conflict(&err) || is_not_found(&err) => {
                             AdmitOutcome::Changed
                         }
@@ -1093,50 +1102,7 @@ async fn sync_actors(
             continue;
         }
         live.insert(uid.clone());
-        if let Some(actor) = state.actors.get(&uid) {
-            let version = request.resource_version().unwrap_or_default();
-            if state.forwarded.get(&uid) != Some(&version) {
-                state.forwarded.insert(uid.clone(), version);
-                let _ = actor.cast(NodeMsg::Updated(request.clone()));
-            } else if !node_exists {
-                // The node went away: a request that waits for nothing else (Ready) must still
-                // see it at once to release the node's slot.
-                let _ = actor.cast(NodeMsg::Step);
-            }
-            continue;
-        }
-        if state
-            .restarts
-            .get(&uid)
-            .is_some_and(|(_, not_before)| *not_before > Instant::now())
-        {
-            continue;
-        }
-        // An actor that finished had nothing left to do for the version it was given; the cache
-        // may still show that version (its last writes not seen yet), and a new actor would
-        // repeat the cleanup, e.g. uncordon a node again after someone else cordoned it.
-        if state.forwarded.get(&uid).map(String::as_str) == request.resource_version().as_deref() {
-            continue;
-        }
-        let args = NodeArgs {
-            ctx: state.ctx.clone(),
-            request: request.clone(),
-            nodes: state.nodes.clone(),
-        };
-        // Actor names are global: the UID keeps them unique across namespaces and re-creations.
-        let name = format!("node-maintenance-{uid}");
-        match Actor::spawn_linked(Some(name), NodeActor, args, myself.get_cell()).await {
-            Ok((actor, _)) => {
-                state
-                    .forwarded
-                    .insert(uid.clone(), request.resource_version().unwrap_or_default());
-                state.actors.insert(uid, actor);
-            }
-            Err(err) => {
-                tracing::error!(request = %request.key(), %err, "could not start node actor");
-                state.ctx.error("spawn");
-            }
-        }
+        ensure_actor(myself, state, request, node_exists).await;
     }
     // Requests that are gone: stop their actors.
     state.actors.retain(|uid, actor| {
@@ -1148,4 +1114,58 @@ async fn sync_actors(
     });
     state.forwarded.retain(|uid, _| live.contains(uid));
     state.restarts.retain(|uid, _| live.contains(uid));
+}
+
+/// Forwards `request` to its node actor, or starts one for it.
+async fn ensure_actor(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    request: &Arc<NodeMaintenance>,
+    node_exists: bool,
+) {
+    let Some(uid) = request.uid() else { return };
+    if let Some(actor) = state.actors.get(&uid) {
+        let version = request.resource_version().unwrap_or_default();
+        if state.forwarded.get(&uid) != Some(&version) {
+            state.forwarded.insert(uid.clone(), version);
+            let _ = actor.cast(NodeMsg::Updated(request.clone()));
+        } else if !node_exists {
+            // The node went away: a request that waits for nothing else (Ready) must still
+            // see it at once to release the node's slot.
+            let _ = actor.cast(NodeMsg::Step);
+        }
+        return;
+    }
+    if state
+        .restarts
+        .get(&uid)
+        .is_some_and(|(_, not_before)| *not_before > Instant::now())
+    {
+        return;
+    }
+    // An actor that finished had nothing left to do for the version it was given; the cache
+    // may still show that version (its last writes not seen yet), and a new actor would
+    // repeat the cleanup, e.g. uncordon a node again after someone else cordoned it.
+    if state.forwarded.get(&uid).map(String::as_str) == request.resource_version().as_deref() {
+        return;
+    }
+    let args = NodeArgs {
+        ctx: state.ctx.clone(),
+        request: request.clone(),
+        nodes: state.nodes.clone(),
+    };
+    // Actor names are global: the UID keeps them unique across namespaces and re-creations.
+    let name = format!("node-maintenance-{uid}");
+    match Actor::spawn_linked(Some(name), NodeActor, args, myself.get_cell()).await {
+        Ok((actor, _)) => {
+            state
+                .forwarded
+                .insert(uid.clone(), request.resource_version().unwrap_or_default());
+            state.actors.insert(uid, actor);
+        }
+        Err(err) => {
+            tracing::error!(request = %request.key(), %err, "could not start node actor");
+            state.ctx.error("spawn");
+        }
+    }
 }
