@@ -34,6 +34,10 @@ use crate::context::{Context, is_conflict, is_not_found};
 use crate::task::AbortOnDrop;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+/// The reason a node actor stops with when its request needs nothing more (cleanup done): the
+/// supervisor releases the request's slot on it, without waiting for the cache.
+pub const MAINTENANCE_FINISHED: &str = "maintenance finished";
+
 pub enum NodeMsg {
     /// The supervisor saw a newer version of the request.
     Updated(Arc<NodeMaintenance>),
@@ -364,7 +368,7 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
     executed?;
     if step.finished {
         tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished");
-        myself.stop(Some("maintenance finished".into()));
+        myself.stop(Some(MAINTENANCE_FINISHED.into()));
         return Ok(());
     }
     if let Some(at) = step.wake_at {

@@ -26,7 +26,7 @@ use maintenance_core::lifecycle;
 use crate::context::{Context, is_conflict, is_not_found};
 use crate::evictor::EvictionRate;
 use crate::metrics::BudgetSample;
-use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
+use crate::node_actor::{MAINTENANCE_FINISHED, NodeActor, NodeArgs, NodeMsg};
 use crate::task::AbortOnDrop;
 use maintenance_core::capacity::CapacityCheck;
 use maintenance_core::collection::{self, Cause};
@@ -95,6 +95,10 @@ pub struct SupervisorState {
     /// Requests we admitted whose Scheduled status the cache has not shown yet: counted as in
     /// maintenance so a fast second round never admits past the limits.
     admitted: HashSet<String>,
+    /// Requests whose node actor finished (cleanup done: node uncordoned, our finalizer off, or
+    /// the node gone) while the cache may still show them held: released at once, so the slot
+    /// goes to the next request without waiting for the cache to show the object gone.
+    finished: HashSet<String>,
     /// Requests whose admission writes are in flight: counted as in maintenance too, so rounds
     /// run on without waiting for them and never admit past the limits meanwhile.
     admitting: HashSet<String>,
@@ -234,6 +238,7 @@ impl Actor for Supervisor {
             actors: HashMap::new(),
             forwarded: HashMap::new(),
             admitted: HashSet::new(),
+            finished: HashSet::new(),
             admitting: HashSet::new(),
             writing: HashMap::new(),
             admission_retries: HashMap::new(),
@@ -339,13 +344,22 @@ impl Actor for Supervisor {
         match event {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 let id = cell.get_id();
+                let mut finished = Vec::new();
                 state.actors.retain(|uid, actor| {
                     let gone = actor.get_id() == id;
                     if gone {
                         tracing::debug!(%uid, ?reason, "node actor finished");
+                        if reason.as_deref() == Some(MAINTENANCE_FINISHED) {
+                            finished.push(uid.clone());
+                        }
                     }
                     !gone
                 });
+                // Its slot is free now: a round gives it to the next request.
+                if !finished.is_empty() {
+                    state.finished.extend(finished);
+                    round(&myself, state).await;
+                }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
                 let id = cell.get_id();
@@ -421,6 +435,9 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .filter_map(|r| r.uid())
         .collect();
     state.admitted.retain(|uid| pending_uids.contains(uid));
+    // Finished requests the cache no longer shows need no memory.
+    let cached_uids: HashSet<String> = requests.iter().filter_map(|r| r.uid()).collect();
+    state.finished.retain(|uid| cached_uids.contains(uid));
     // Writes the cache now shows (or whose request is gone) no longer hold their request back.
     let cached: HashMap<String, &NodeMaintenance> = requests
         .iter()
@@ -459,6 +476,9 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         };
         if state.admitted.contains(&uid) || state.admitting.contains(&uid) {
             request.phase = Phase::Scheduled;
+        }
+        if state.finished.contains(&uid) {
+            request.released = true;
         }
         request.admission_retry = state.admission_retries.get(&uid).cloned();
     }
@@ -1158,6 +1178,8 @@ async fn ensure_actor(
     let name = format!("node-maintenance-{uid}");
     match Actor::spawn_linked(Some(name), NodeActor, args, myself.get_cell()).await {
         Ok((actor, _)) => {
+            // Work again (a node back under its old name): the request holds its slot.
+            state.finished.remove(&uid);
             state
                 .forwarded
                 .insert(uid.clone(), request.resource_version().unwrap_or_default());
