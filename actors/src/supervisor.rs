@@ -288,7 +288,7 @@ impl Actor for Supervisor {
                             .nodes
                             .get(&reflector::ObjectRef::new(&written.spec.node_name))
                             .is_some();
-                        if node_exists {
+                        if lifecycle::needs_actor(&written, node_exists, true) {
                             ensure_actor(&myself, state, &written, node_exists).await;
                         }
                         return Ok(());
@@ -435,14 +435,13 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .filter_map(|r| r.uid())
         .collect();
     state.admitted.retain(|uid| pending_uids.contains(uid));
-    // Finished requests the cache no longer shows need no memory.
-    let cached_uids: HashSet<String> = requests.iter().filter_map(|r| r.uid()).collect();
-    state.finished.retain(|uid| cached_uids.contains(uid));
     // Writes the cache now shows (or whose request is gone) no longer hold their request back.
     let cached: HashMap<String, &NodeMaintenance> = requests
         .iter()
         .filter_map(|r| Some((r.uid()?, &**r)))
         .collect();
+    // Finished requests the cache no longer shows need no memory.
+    state.finished.retain(|uid| cached.contains_key(uid));
     state
         .writing
         .retain(|uid, written| match (cached.get(uid), written) {
