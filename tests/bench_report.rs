@@ -8,6 +8,10 @@
 //!   maintained K at a time (maxParallelOperations = maxUnavailable = K), then the same nodes
 //!   drained by `kubectl drain` K at a time on a fresh identical cluster: wall time, eviction calls
 //!   per evicted pod and (ours) API requests per evicted pod, from the audit log;
+//! - every node maintained: a cluster whose every node holds pods of Deployments and
+//!   StatefulSets under PDBs, all maintained K at a time (maxParallelOperations K, maxUnavailable
+//!   10%), under the invariant monitor, then by `kubectl drain` K at a time on a fresh identical
+//!   cluster;
 //! - the operator's peak RSS (VmHWM) at two cluster sizes, with a tenth of the nodes in
 //!   maintenance and with a fixed number (`MO_BENCH_RSS_FIXED_DRAINS`, by default the smallest
 //!   size's tenth).
@@ -21,7 +25,9 @@
 //! `MO_BENCH_PARALLEL` (no drain), `MO_BENCH_DRAIN_NODES`, `MO_BENCH_PODS_PER_NODE`,
 //! `MO_BENCH_DRAIN_PARALLEL` (a list, e.g. `2,5`), `MO_BENCH_RSS_NODES` (two or more growing
 //! sizes, e.g. `100,300`), `MO_BENCH_RSS_PODS_PER_NODE`, `MO_BENCH_RSS_FIXED_DRAINS`,
-//! `MO_BENCH_ONLY` (some of `no-drain,drain,kubectl,rss`). The report goes to
+//! `MO_BENCH_FLEET_NODES` (K follows as a tenth), `MO_BENCH_FLEET_PODS_PER_NODE`,
+//! `MO_BENCH_FLEET_REPLICAS`, `MO_BENCH_FLEET_PARALLEL`, `MO_BENCH_ONLY` (some of
+//! `no-drain,drain,kubectl,rss,fleet,fleet-kubectl`). The report goes to
 //! `$MO_BENCH_REPORT_DIR/<UTC date>-<size>/` (`make bench` sets `bench`), else to
 //! `target/bench/<UTC date>-<size>/`.
 //!
@@ -46,11 +52,13 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use maintenance_crds::{NodeMaintenance, Phase};
 use serde::Serialize;
 use support::audit::{AuditLog, BENCH_OPERATOR_ACCOUNT, WriteCall, seconds_between};
+use support::invariants::{InvariantMonitor, Scope};
 use support::operator::*;
 use support::*;
 
@@ -60,7 +68,7 @@ const POOL: &str = "bench.maintenance.nvidia.com/pool";
 // ---------------------------------------------------------------------------------------------
 // Sizes
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 struct Size {
     name: String,
     /// No drain: nodes, requests, maxParallelOperations.
@@ -77,7 +85,17 @@ struct Size {
     rss_nodes: Vec<usize>,
     rss_pods_per_node: usize,
     rss_fixed_drains: usize,
-    /// The workloads to run (`MO_BENCH_ONLY`, e.g. `drain`): no-drain, drain, kubectl, rss.
+    /// Every node maintained: a cluster of this many nodes with about this many pods per node
+    /// (Deployments and StatefulSets of `fleet_replicas` pods under PDBs, a DaemonSet), all of
+    /// them maintained `fleet_parallel` at a time (maxParallelOperations; maxUnavailable the
+    /// same, written as 10% when it is a tenth), the replacements going wherever the scheduler
+    /// puts them, maintained nodes included.
+    fleet_nodes: usize,
+    fleet_pods_per_node: usize,
+    fleet_replicas: usize,
+    fleet_parallel: usize,
+    /// The workloads to run (`MO_BENCH_ONLY`, e.g. `drain`): no-drain, drain, kubectl, rss,
+    /// fleet, fleet-kubectl.
     only: Vec<String>,
 }
 
@@ -136,6 +154,10 @@ impl Size {
                 rss_nodes: vec![10, 30],
                 rss_pods_per_node: 2,
                 rss_fixed_drains: 0,
+                fleet_nodes: 20,
+                fleet_pods_per_node: 2,
+                fleet_replicas: 10,
+                fleet_parallel: 2,
                 only: vec![],
             },
             "small" => Size {
@@ -149,6 +171,10 @@ impl Size {
                 rss_nodes: vec![100, 300],
                 rss_pods_per_node: 5,
                 rss_fixed_drains: 0,
+                fleet_nodes: 100,
+                fleet_pods_per_node: 5,
+                fleet_replicas: 25,
+                fleet_parallel: 10,
                 only: vec![],
             },
             "large" => Size {
@@ -162,6 +188,10 @@ impl Size {
                 rss_nodes: vec![250, 1000],
                 rss_pods_per_node: 10,
                 rss_fixed_drains: 0,
+                fleet_nodes: 1000,
+                fleet_pods_per_node: 20,
+                fleet_replicas: 50,
+                fleet_parallel: 100,
                 only: vec![],
             },
             other => bail!("MO_BENCH_SIZE={other:?}: want smoke, small or large"),
@@ -199,13 +229,33 @@ impl Size {
             Some(v) => v.max(1),
             None => tenth(size.rss_nodes.first().copied().unwrap_or(0)),
         };
+        if let Some(v) = env_usize("MO_BENCH_FLEET_NODES")? {
+            size.fleet_nodes = v;
+            size.fleet_parallel = tenth(v);
+        }
+        if let Some(v) = env_usize("MO_BENCH_FLEET_PODS_PER_NODE")? {
+            size.fleet_pods_per_node = v;
+        }
+        if let Some(v) = env_usize("MO_BENCH_FLEET_REPLICAS")? {
+            size.fleet_replicas = v;
+        }
+        if let Some(v) = env_usize("MO_BENCH_FLEET_PARALLEL")? {
+            size.fleet_parallel = v;
+        }
         if let Ok(only) = std::env::var("MO_BENCH_ONLY") {
             size.only = only
                 .split(',')
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty())
                 .collect();
-            const KNOWN: [&str; 4] = ["no-drain", "drain", "kubectl", "rss"];
+            const KNOWN: [&str; 6] = [
+                "no-drain",
+                "drain",
+                "kubectl",
+                "rss",
+                "fleet",
+                "fleet-kubectl",
+            ];
             ensure!(
                 size.only.iter().all(|w| KNOWN.contains(&w.as_str())),
                 "MO_BENCH_ONLY={only:?}: want a list of {KNOWN:?}"
@@ -218,6 +268,13 @@ impl Size {
         ensure!(
             size.drain_nodes > 0 && size.pods_per_node > 0,
             "drain sizes must be positive"
+        );
+        ensure!(
+            size.fleet_nodes > 0
+                && size.fleet_pods_per_node > 0
+                && size.fleet_replicas > 0
+                && size.fleet_parallel > 0,
+            "fleet sizes must be positive"
         );
         ensure!(
             size.drain_parallel.iter().all(|&k| k > 0),
@@ -417,18 +474,12 @@ fn lifecycle_timeline(
         .zip(segments.iter_mut())
         .map(|((name, covers), samples)| {
             samples.sort_by(f64::total_cmp);
-            let at = |q: f64| {
-                samples
-                    .get(((samples.len() as f64 - 1.0) * q).round() as usize)
-                    .copied()
-                    .unwrap_or(f64::NAN)
-            };
             Segment {
                 name: name.to_string(),
                 covers: covers.to_string(),
                 samples: samples.len(),
-                median_ms: at(0.5),
-                p90_ms: at(0.9),
+                median_ms: quantile(samples, 0.5),
+                p90_ms: quantile(samples, 0.9),
             }
         })
         .collect()
@@ -455,6 +506,89 @@ struct DrainRun {
     calls_by_verb: BTreeMap<String, usize>,
     calls_by_resource: BTreeMap<String, usize>,
     rss_peak_mib: Option<f64>,
+    /// Every node maintained, ours: what the invariant monitor saw.
+    invariants: Option<FleetInvariants>,
+    /// Every node maintained: the serial evictions of the budgets that allow one at a time.
+    chains: Option<BudgetChains>,
+}
+
+/// A budget that allows one disruption at a time makes its workload's evictions a chain: the
+/// next is admitted only once the replacement of the last is Ready and the disruption controller
+/// said so. The longest chain bounds the run from below.
+#[derive(Clone, Debug, Serialize)]
+struct BudgetChains {
+    /// Workloads under a one-at-a-time budget.
+    workloads: usize,
+    /// The one whose evictions spanned the longest: its name, evictions, first to last (s).
+    longest: String,
+    longest_evictions: usize,
+    longest_span_seconds: f64,
+    /// Gaps between successive successful evictions of one such workload, over all of them.
+    median_gap_ms: f64,
+    p90_gap_ms: f64,
+}
+
+/// The chains of `strict` (workloads under one-at-a-time budgets) in the audit log: each
+/// workload's successful evictions by `user` in `ns` from `from`, a pod's workload being its
+/// name up to the first `-`.
+fn budget_chains(
+    log: &AuditLog,
+    ns: &str,
+    user: &str,
+    from: Timestamp,
+    strict: &HashSet<String>,
+) -> Option<BudgetChains> {
+    let mut by_app: BTreeMap<&str, Vec<Timestamp>> = BTreeMap::new();
+    for e in log
+        .evictions
+        .iter()
+        .filter(|e| e.namespace == ns && e.user == user && e.received >= from && e.code == 201)
+    {
+        let app = e.pod.split('-').next().unwrap_or_default();
+        if strict.contains(app) {
+            by_app.entry(app).or_default().push(e.received);
+        }
+    }
+    let mut gaps = Vec::new();
+    let mut longest: Option<(&str, usize, f64)> = None;
+    for (app, times) in &mut by_app {
+        times.sort();
+        gaps.extend(
+            times
+                .windows(2)
+                .map(|w| seconds_between(w[0], w[1]) * 1000.0),
+        );
+        let span = match (times.first(), times.last()) {
+            (Some(a), Some(b)) => seconds_between(*a, *b),
+            _ => 0.0,
+        };
+        if longest.is_none_or(|(_, _, s)| span > s) {
+            longest = Some((app, times.len(), span));
+        }
+    }
+    let (app, evictions, span) = longest?;
+    gaps.sort_by(f64::total_cmp);
+    Some(BudgetChains {
+        workloads: by_app.len(),
+        longest: app.to_string(),
+        longest_evictions: evictions,
+        longest_span_seconds: span,
+        median_gap_ms: quantile(&gaps, 0.5),
+        p90_gap_ms: quantile(&gaps, 0.9),
+    })
+}
+
+/// The invariant monitor's figures over a run in which every node was maintained (it fails the
+/// run on any breach: a PDB below desired, a limit exceeded, a node left cordoned, a pod deleted).
+#[derive(Clone, Debug, Serialize)]
+struct FleetInvariants {
+    max_parallel: usize,
+    /// As written in the configuration, e.g. `10%`.
+    max_unavailable: String,
+    peak_in_maintenance: usize,
+    peak_unavailable: usize,
+    lowest_pdb_margin: Option<i32>,
+    events: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -481,6 +615,8 @@ struct Report {
     commit: String,
     no_drain: Option<NoDrain>,
     drains: Vec<DrainRun>,
+    /// Every node maintained: ours and kubectl's.
+    fleet: Vec<DrainRun>,
     rss: Vec<RssPoint>,
     goals: Vec<Goal>,
 }
@@ -496,6 +632,14 @@ struct Goal {
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
+
+/// The `q` quantile of sorted `samples` (NaN when empty).
+fn quantile(samples: &[f64], q: f64) -> f64 {
+    samples
+        .get(((samples.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
 
 fn mib_from_status(status: &str, key: &str) -> Option<f64> {
     status.lines().find_map(|l| {
@@ -962,8 +1106,9 @@ fn one_per_node(app: &str) -> TopologySpreadConstraint {
     }
 }
 
-/// Pods labelled `app`, on nodes of the pool `pool` only, one per node.
-fn pool_template(app: &str, pool: &str) -> PodTemplateSpec {
+/// Pods labelled `app`: on nodes of the pool `pool` only, one per node; or (no pool) anywhere the
+/// scheduler puts them.
+fn app_template(app: &str, pool: Option<&str>) -> PodTemplateSpec {
     let labels = BTreeMap::from([("app".to_string(), app.to_string())]);
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
@@ -971,8 +1116,8 @@ fn pool_template(app: &str, pool: &str) -> PodTemplateSpec {
             ..Default::default()
         }),
         spec: Some(PodSpec {
-            node_selector: Some(BTreeMap::from([(POOL.to_string(), pool.to_string())])),
-            topology_spread_constraints: Some(vec![one_per_node(app)]),
+            node_selector: pool.map(|pool| BTreeMap::from([(POOL.to_string(), pool.to_string())])),
+            topology_spread_constraints: pool.map(|_| vec![one_per_node(app)]),
             termination_grace_period_seconds: Some(DEFAULT_GRACE_SECONDS),
             containers: vec![Container {
                 name: "main".into(),
@@ -982,6 +1127,57 @@ fn pool_template(app: &str, pool: &str) -> PodTemplateSpec {
             ..Default::default()
         }),
     }
+}
+
+/// Creates workload `app`: a StatefulSet (pods created in parallel) or a Deployment of
+/// `replicas` pods from `template`.
+async fn create_app(
+    client: &Client,
+    ns: &str,
+    app: &str,
+    replicas: i32,
+    template: PodTemplateSpec,
+    stateful: bool,
+) -> Result<()> {
+    let meta = ObjectMeta {
+        name: Some(app.to_string()),
+        namespace: Some(ns.to_string()),
+        ..Default::default()
+    };
+    if stateful {
+        let sts = StatefulSet {
+            metadata: meta,
+            spec: StatefulSetSpec {
+                replicas: Some(replicas),
+                selector: app_selector(app),
+                service_name: Some(app.to_string()),
+                pod_management_policy: Some("Parallel".into()),
+                template,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<StatefulSet>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &sts)
+            .await
+            .with_context(|| format!("creating StatefulSet {ns}/{app}"))?;
+    } else {
+        let deployment = Deployment {
+            metadata: meta,
+            spec: DeploymentSpec {
+                replicas: Some(replicas),
+                selector: app_selector(app),
+                template,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &deployment)
+            .await
+            .with_context(|| format!("creating Deployment {ns}/{app}"))?;
+    }
+    Ok(())
 }
 
 fn app_selector(app: &str) -> LabelSelector {
@@ -1031,44 +1227,16 @@ async fn drain_cluster(
         .map(|i| format!("w{i:03}"))
         .collect();
     for (i, app) in apps.iter().enumerate() {
-        let meta = ObjectMeta {
-            name: Some(app.clone()),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        };
-        if i + 1 == apps.len() && apps.len() >= 2 {
-            let sts = StatefulSet {
-                metadata: meta,
-                spec: StatefulSetSpec {
-                    replicas: Some(replicas),
-                    selector: app_selector(app),
-                    service_name: Some(app.clone()),
-                    pod_management_policy: Some("Parallel".into()),
-                    template: pool_template(app, &ns),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            Api::<StatefulSet>::namespaced(client.clone(), &ns)
-                .create(&PostParams::default(), &sts)
-                .await
-                .with_context(|| format!("creating StatefulSet {app}"))?;
-        } else {
-            let deployment = Deployment {
-                metadata: meta,
-                spec: DeploymentSpec {
-                    replicas: Some(replicas),
-                    selector: app_selector(app),
-                    template: pool_template(app, &ns),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            Api::<Deployment>::namespaced(client.clone(), &ns)
-                .create(&PostParams::default(), &deployment)
-                .await
-                .with_context(|| format!("creating Deployment {app}"))?;
-        }
+        let stateful = i + 1 == apps.len() && apps.len() >= 2;
+        create_app(
+            &client,
+            &ns,
+            app,
+            replicas,
+            app_template(app, Some(&ns)),
+            stateful,
+        )
+        .await?;
         let selector = [("app", app.as_str())];
         create_pdb_of_kind(&client, &ns, app, &selector, i, replicas).await?;
     }
@@ -1091,10 +1259,35 @@ async fn drain_cluster(
     for node in &spares {
         set_node_label(&client, node, POOL, Some(&ns)).await?;
     }
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    wait_pdbs_settled(&client, &ns, apps.len(), replicas, size.wait(pods), &step).await?;
+    step.end(&format!(
+        "{x} nodes x {} pods ({} PDBs) + a DaemonSet, {x} spare nodes",
+        size.pods_per_node,
+        apps.len()
+    ));
+    Ok(DrainCluster {
+        testbed,
+        client,
+        ns,
+        drained,
+        pods: workload_pods,
+    })
+}
+
+/// Waits until the `count` PDBs of `ns` count all `replicas` pods of their workload healthy, as
+/// the disruption controller reported for their current generation.
+async fn wait_pdbs_settled(
+    client: &Client,
+    ns: &str,
+    count: usize,
+    replicas: i32,
+    timeout: Duration,
+    step: &Step,
+) -> Result<()> {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
     wait_until(
         "every PDB to count all its pods healthy",
-        size.wait(pods),
+        timeout,
         || async {
             let list = pdbs.list(&ListParams::default()).await?.items;
             let unsettled = list
@@ -1108,26 +1301,14 @@ async fn drain_cluster(
                 })
                 .count();
             step.set(format!("{unsettled} of {} PDBs not settled", list.len()));
-            Ok(if list.len() == apps.len() && unsettled == 0 {
+            Ok(if list.len() == count && unsettled == 0 {
                 Check::Done(())
             } else {
                 Check::Pending(format!("{} PDBs, {unsettled} unsettled", list.len()))
             })
         },
     )
-    .await?;
-    step.end(&format!(
-        "{x} nodes x {} pods ({} PDBs) + a DaemonSet, {x} spare nodes",
-        size.pods_per_node,
-        apps.len()
-    ));
-    Ok(DrainCluster {
-        testbed,
-        client,
-        ns,
-        drained,
-        pods: workload_pods,
-    })
+    .await
 }
 
 fn evictions_summary(
@@ -1148,6 +1329,56 @@ fn evictions_summary(
     }
     let evicted = codes.get(&201).copied().unwrap_or(0);
     (calls, evicted, codes)
+}
+
+/// What a drain run was: who, how many nodes and workload pods, how many at a time, and its two
+/// times (seconds until every node was given back, and until the last was drained).
+struct RunShape {
+    who: &'static str,
+    nodes: usize,
+    pods: usize,
+    parallel: usize,
+    seconds: f64,
+    last_drained: f64,
+}
+
+/// A run's figures from the audit log: the evictions by `user` in `ns` from `from`, and (the
+/// operator's runs, `operator_until` given) all its API calls until then.
+fn drain_run(
+    shape: RunShape,
+    log: &AuditLog,
+    ns: &str,
+    user: &str,
+    from: Timestamp,
+    operator_until: Option<Timestamp>,
+) -> DrainRun {
+    let (eviction_calls, evicted_pods, eviction_codes) = evictions_summary(log, ns, user, from);
+    let (api_calls, calls_by_verb, calls_by_resource) = match operator_until {
+        Some(to) => {
+            let (calls, by_verb, by_resource) = operator_calls(log, from, to);
+            (Some(calls), by_verb, by_resource)
+        }
+        None => (None, BTreeMap::new(), BTreeMap::new()),
+    };
+    DrainRun {
+        who: shape.who.into(),
+        nodes: shape.nodes,
+        pods: shape.pods,
+        parallel: shape.parallel,
+        seconds: shape.seconds,
+        seconds_to_last_drained: shape.last_drained,
+        eviction_calls,
+        evicted_pods,
+        eviction_codes,
+        eviction_calls_per_pod: ratio(eviction_calls, evicted_pods),
+        api_calls,
+        api_calls_per_pod: api_calls.map(|calls| ratio(calls, evicted_pods)),
+        calls_by_verb,
+        calls_by_resource,
+        rss_peak_mib: None,
+        invariants: None,
+        chains: None,
+    }
 }
 
 async fn drain_ours(size: &Size, k: usize, progress: &Progress) -> Result<DrainRun> {
@@ -1171,26 +1402,18 @@ async fn drain_ours(size: &Size, k: usize, progress: &Progress) -> Result<DrainR
     let (rss_peak, _) = operator_rss(&op)?;
     let log = AuditLog::read(&cluster.testbed)?;
     let user = service_account_user(BENCH_OPERATOR_ACCOUNT);
-    let (eviction_calls, evicted_pods, eviction_codes) =
-        evictions_summary(&log, &cluster.ns, &user, from);
-    let (calls, calls_by_verb, calls_by_resource) = operator_calls(&log, from, to);
-    let run = DrainRun {
-        who: "operator".into(),
+    let shape = RunShape {
+        who: "operator",
         nodes: x,
         pods: cluster.pods,
         parallel: k,
         seconds,
-        seconds_to_last_drained: last_ready,
-        eviction_calls,
-        evicted_pods,
-        eviction_codes,
-        eviction_calls_per_pod: ratio(eviction_calls, evicted_pods),
-        api_calls: Some(calls),
-        api_calls_per_pod: Some(ratio(calls, evicted_pods)),
-        calls_by_verb,
-        calls_by_resource,
-        rss_peak_mib: Some(rss_peak),
+        last_drained: last_ready,
     };
+    let mut run = drain_run(shape, &log, &cluster.ns, &user, from, Some(to));
+    run.rss_peak_mib = Some(rss_peak);
+    let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
+    let calls = run.api_calls.unwrap_or_default();
     step.end(&format!(
         "{seconds:.1}s (last Ready at {last_ready:.1}s); {evicted_pods} pods evicted with \
          {eviction_calls} eviction calls ({:.2}/pod), {calls} API calls ({:.2}/pod)",
@@ -1240,19 +1463,23 @@ async fn kubectl(kubectl: &Path, kubeconfig: &Path, args: &[&str]) -> Result<()>
     Ok(())
 }
 
-async fn drain_kubectl(size: &Size, k: usize, progress: &Progress) -> Result<DrainRun> {
-    let cluster = drain_cluster(size, k, "kubectl", progress).await?;
-    let x = cluster.drained.len();
+/// `kubectl drain --ignore-daemonsets` then `kubectl uncordon` of each node, `k` nodes at a time.
+/// Returns (seconds until all are uncordoned, seconds until the last drain returned).
+async fn kubectl_drain_each(
+    testbed: &Testbed,
+    nodes: &[String],
+    k: usize,
+    timeout: Duration,
+    step: &Step,
+) -> Result<(f64, f64)> {
     let kubectl_bin = kubectl_path().await?;
-    let kubeconfig = cluster.testbed.kubeconfig_path().to_path_buf();
-    let step = progress.begin(&format!("drain kubectl K={k}: {x} nodes, {k} at a time"));
-    let from = Timestamp::now();
+    let kubeconfig = testbed.kubeconfig_path().to_path_buf();
+    let x = nodes.len();
     let started = Instant::now();
-    let timeout = size.wait(cluster.pods * 4);
     let timeout_arg = format!("--timeout={}s", timeout.as_secs());
     let done = std::sync::atomic::AtomicUsize::new(0);
     let last_drained = std::sync::Mutex::new(0.0f64);
-    let results: Vec<Result<()>> = futures::stream::iter(cluster.drained.iter())
+    let results: Vec<Result<()>> = futures::stream::iter(nodes.iter())
         .map(|node| {
             let (kubectl_bin, kubeconfig, timeout_arg) = (&kubectl_bin, &kubeconfig, &timeout_arg);
             let (done, last_drained, step) = (&done, &last_drained, &step);
@@ -1284,26 +1511,33 @@ async fn drain_kubectl(size: &Size, k: usize, progress: &Progress) -> Result<Dra
     results.into_iter().collect::<Result<Vec<_>>>()?;
     let seconds = started.elapsed().as_secs_f64();
     let last = last_drained.lock().map(|t| *t).unwrap_or(f64::NAN);
+    Ok((seconds, last))
+}
+
+async fn drain_kubectl(size: &Size, k: usize, progress: &Progress) -> Result<DrainRun> {
+    let cluster = drain_cluster(size, k, "kubectl", progress).await?;
+    let x = cluster.drained.len();
+    let step = progress.begin(&format!("drain kubectl K={k}: {x} nodes, {k} at a time"));
+    let from = Timestamp::now();
+    let (seconds, last) = kubectl_drain_each(
+        &cluster.testbed,
+        &cluster.drained,
+        k,
+        size.wait(cluster.pods * 4),
+        &step,
+    )
+    .await?;
     let log = AuditLog::read(&cluster.testbed)?;
-    let (eviction_calls, evicted_pods, eviction_codes) =
-        evictions_summary(&log, &cluster.ns, ADMIN_USER, from);
-    let run = DrainRun {
-        who: "kubectl".into(),
+    let shape = RunShape {
+        who: "kubectl",
         nodes: x,
         pods: cluster.pods,
         parallel: k,
         seconds,
-        seconds_to_last_drained: last,
-        eviction_calls,
-        evicted_pods,
-        eviction_codes,
-        eviction_calls_per_pod: ratio(eviction_calls, evicted_pods),
-        api_calls: None,
-        api_calls_per_pod: None,
-        calls_by_verb: BTreeMap::new(),
-        calls_by_resource: BTreeMap::new(),
-        rss_peak_mib: None,
+        last_drained: last,
     };
+    let run = drain_run(shape, &log, &cluster.ns, ADMIN_USER, from, None);
+    let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
     step.end(&format!(
         "{seconds:.1}s (last drain returned at {last:.1}s); {evicted_pods} pods evicted with \
          {eviction_calls} eviction calls ({:.2}/pod)",
@@ -1312,6 +1546,216 @@ async fn drain_kubectl(size: &Size, k: usize, progress: &Progress) -> Result<Dra
     ensure!(
         evicted_pods == cluster.pods,
         "kubectl evicted {evicted_pods} pods, want {}",
+        cluster.pods
+    );
+    Ok(run)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workload d: every node of the cluster maintained, ours and kubectl's
+
+struct FleetCluster {
+    testbed: Testbed,
+    client: Client,
+    ns: String,
+    nodes: Vec<String>,
+    pods: usize,
+    max_unavailable: IntOrString,
+    /// Workloads under a budget that allows one disruption at a time.
+    strict: HashSet<String>,
+}
+
+/// `fleet_nodes` nodes, about `fleet_pods_per_node` workload pods each: Deployments (every tenth
+/// workload a StatefulSet) of `fleet_replicas` pods, each Deployment under a PDB (maxUnavailable
+/// 1, 10%, minAvailable n-1 in turn), spread by the scheduler, and a DaemonSet on every node.
+async fn fleet_cluster(size: &Size, who: &str, progress: &Progress) -> Result<FleetCluster> {
+    let (n, k) = (size.fleet_nodes, size.fleet_parallel);
+    let step = progress.begin(&format!("fleet {who}: control plane"));
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    let k32 = i32::try_from(k)?;
+    let max_unavailable = if k * 10 == n {
+        IntOrString::String("10%".into())
+    } else {
+        IntOrString::Int(k32)
+    };
+    let mut config = limits(k32, None);
+    config.max_unavailable = Some(max_unavailable.clone());
+    install(&client, Some(config)).await?;
+    step.end("started");
+
+    let step = progress.begin(&format!("fleet {who}: workload"));
+    let ns = unique_name("fleet");
+    create_namespace(&client, &ns).await?;
+    let nodes = create_nodes(&client, "fleet", n, &[]).await?;
+    step.set("nodes");
+    wait_nodes_ready(&client, &nodes, size.wait(n)).await?;
+    let replicas = size.fleet_replicas.min(n);
+    let apps: Vec<String> = (0..(n * size.fleet_pods_per_node / replicas).max(1))
+        .map(|i| format!("f{i:04}"))
+        .collect();
+    let replicas32 = i32::try_from(replicas)?;
+    // StatefulSets go without a budget: one re-creates an evicted pod under the same name, and
+    // when the disruption controller syncs only after that (as it does under this load), it keeps
+    // the name in `disruptedPods` for its two-minute DeletionTimeout and allows nothing
+    // meanwhile. With a budget on them both drains would measure that timeout.
+    let mut budgets = 0;
+    let mut strict = HashSet::new();
+    for (i, app) in apps.iter().enumerate() {
+        let stateful = i % 10 == 9;
+        create_app(
+            &client,
+            &ns,
+            app,
+            replicas32,
+            app_template(app, None),
+            stateful,
+        )
+        .await?;
+        if !stateful {
+            let selector = [("app", app.as_str())];
+            create_pdb_of_kind(&client, &ns, app, &selector, i, replicas32).await?;
+            budgets += 1;
+            // maxUnavailable 1 and minAvailable n-1 (kinds 0 and 2 of create_pdb_of_kind).
+            if i % 3 != 1 {
+                strict.insert(app.clone());
+            }
+        }
+        step.set(format!("{}/{} workloads", i + 1, apps.len()));
+    }
+    create_daemonset(
+        &client,
+        &ns,
+        "node-agent",
+        &[("app", "node-agent")],
+        &PodSpecOptions::on_nodes_labelled("type", "kwok"),
+    )
+    .await?;
+    let workload_pods = apps.len() * replicas;
+    let pods = workload_pods + n;
+    wait_pods(&client, &ns, pods, size.wait(pods), &step).await?;
+    wait_pdbs_settled(&client, &ns, budgets, replicas32, size.wait(pods), &step).await?;
+    step.end(&format!(
+        "{n} nodes, {workload_pods} workload pods ({} workloads of {replicas}, {budgets} PDBs) + \
+         a DaemonSet",
+        apps.len()
+    ));
+    Ok(FleetCluster {
+        testbed,
+        client,
+        ns,
+        nodes,
+        pods: workload_pods,
+        max_unavailable,
+        strict,
+    })
+}
+
+fn int_or_string(v: &IntOrString) -> String {
+    match v {
+        IntOrString::Int(i) => i.to_string(),
+        IntOrString::String(s) => s.clone(),
+    }
+}
+
+async fn fleet_ours(size: &Size, progress: &Progress) -> Result<DrainRun> {
+    let cluster = fleet_cluster(size, "operator", progress).await?;
+    let (n, k) = (cluster.nodes.len(), size.fleet_parallel);
+    let user = service_account_user(BENCH_OPERATOR_ACCOUNT);
+    let monitor = InvariantMonitor::start(
+        &cluster.testbed,
+        Scope::new(&cluster.ns, &cluster.nodes).operator_user(user.clone()),
+    )
+    .await?;
+    let op = Operator::start_as(&cluster.testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
+    let max_unavailable = int_or_string(&cluster.max_unavailable);
+    let step = progress.begin(&format!(
+        "fleet operator: all {n} nodes, maxParallelOperations {k}, maxUnavailable {max_unavailable}"
+    ));
+    let from = Timestamp::now();
+    let (last_ready, seconds) = run_requests(
+        &cluster.client,
+        &cluster.ns,
+        &cluster.nodes,
+        true,
+        size.wait(cluster.pods * 4),
+        &step,
+    )
+    .await?;
+    let to = Timestamp::now();
+    let (rss_peak, _) = operator_rss(&op)?;
+    let seen = monitor.finish().await?;
+    let log = AuditLog::read(&cluster.testbed)?;
+    let shape = RunShape {
+        who: "operator",
+        nodes: n,
+        pods: cluster.pods,
+        parallel: k,
+        seconds,
+        last_drained: last_ready,
+    };
+    let mut run = drain_run(shape, &log, &cluster.ns, &user, from, Some(to));
+    run.rss_peak_mib = Some(rss_peak);
+    run.invariants = Some(FleetInvariants {
+        max_parallel: k,
+        max_unavailable,
+        peak_in_maintenance: seen.peak_in_maintenance,
+        peak_unavailable: seen.peak_unavailable,
+        lowest_pdb_margin: seen.lowest_pdb_margin,
+        events: seen.events,
+    });
+    run.chains = budget_chains(&log, &cluster.ns, &user, from, &cluster.strict);
+    let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
+    let calls = run.api_calls.unwrap_or_default();
+    step.end(&format!(
+        "{seconds:.1}s (last Ready at {last_ready:.1}s); {evicted_pods} evictions with \
+         {eviction_calls} calls ({:.2}/pod), {calls} API calls ({:.2}/pod); {seen}",
+        run.eviction_calls_per_pod,
+        ratio(calls, evicted_pods)
+    ));
+    // Every pod is evicted once from its first node; replacements on nodes maintained later are
+    // evicted again.
+    ensure!(
+        evicted_pods >= cluster.pods,
+        "the operator evicted {evicted_pods} pods, want at least {}",
+        cluster.pods
+    );
+    Ok(run)
+}
+
+async fn fleet_kubectl(size: &Size, progress: &Progress) -> Result<DrainRun> {
+    let cluster = fleet_cluster(size, "kubectl", progress).await?;
+    let (n, k) = (cluster.nodes.len(), size.fleet_parallel);
+    let step = progress.begin(&format!("fleet kubectl: all {n} nodes, {k} at a time"));
+    let from = Timestamp::now();
+    let (seconds, last) = kubectl_drain_each(
+        &cluster.testbed,
+        &cluster.nodes,
+        k,
+        size.wait(cluster.pods * 4),
+        &step,
+    )
+    .await?;
+    let log = AuditLog::read(&cluster.testbed)?;
+    let shape = RunShape {
+        who: "kubectl",
+        nodes: n,
+        pods: cluster.pods,
+        parallel: k,
+        seconds,
+        last_drained: last,
+    };
+    let mut run = drain_run(shape, &log, &cluster.ns, ADMIN_USER, from, None);
+    run.chains = budget_chains(&log, &cluster.ns, ADMIN_USER, from, &cluster.strict);
+    let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
+    step.end(&format!(
+        "{seconds:.1}s (last drain returned at {last:.1}s); {evicted_pods} evictions with \
+         {eviction_calls} calls ({:.2}/pod)",
+        run.eviction_calls_per_pod
+    ));
+    ensure!(
+        evicted_pods >= cluster.pods,
+        "kubectl evicted {evicted_pods} pods, want at least {}",
         cluster.pods
     );
     Ok(run)
@@ -1491,6 +1935,19 @@ fn max_of(values: impl Iterator<Item = f64>) -> Option<f64> {
     values.filter(|v| v.is_finite()).reduce(f64::max)
 }
 
+fn fleet_run<'a>(report: &'a Report, who: &str) -> Option<&'a DrainRun> {
+    report.fleet.iter().find(|d| d.who == who)
+}
+
+/// Our wall time over kubectl's, every node maintained.
+fn fleet_ratio(report: &Report) -> Option<f64> {
+    let (ours, theirs) = (
+        fleet_run(report, "operator")?,
+        fleet_run(report, "kubectl")?,
+    );
+    (theirs.seconds > 0.0).then(|| ours.seconds / theirs.seconds)
+}
+
 fn goals(report: &Report) -> Vec<Goal> {
     let ours: Vec<&DrainRun> = report
         .drains
@@ -1534,6 +1991,20 @@ fn goals(report: &Report) -> Vec<Goal> {
             time_ratio,
         ),
         goal(
+            "every node maintained: eviction calls per evicted pod (ours)",
+            1.15,
+            true,
+            "",
+            fleet_run(report, "operator").map(|d| d.eviction_calls_per_pod),
+        ),
+        goal(
+            "every node maintained: our wall time / kubectl's",
+            0.4,
+            true,
+            "x",
+            fleet_ratio(report),
+        ),
+        goal(
             "operator peak RSS (largest cluster)",
             150.0,
             true,
@@ -1547,16 +2018,7 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
     let mut md = String::new();
     let size = report.size.clone().unwrap_or_else(|| Size {
         name: "?".into(),
-        nodes: 0,
-        requests: 0,
-        parallel: 0,
-        drain_nodes: 0,
-        pods_per_node: 0,
-        drain_parallel: vec![],
-        rss_nodes: vec![],
-        rss_pods_per_node: 0,
-        rss_fixed_drains: 0,
-        only: vec![],
+        ..Size::default()
     });
     let _ = writeln!(
         md,
@@ -1714,6 +2176,98 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
                     "| {} | {verb} | {n} | {:.2} |",
                     o.parallel,
                     ratio(*n, o.evicted_pods)
+                );
+            }
+        }
+    }
+
+    if !report.fleet.is_empty() {
+        let any = &report.fleet[0];
+        let _ = writeln!(
+            md,
+            "\n## Every node maintained: ours and `kubectl drain`\n\n{} nodes, {} workload pods \
+             (Deployments, every tenth workload a StatefulSet, of {} pods each, each Deployment \
+             under a PodDisruptionBudget: maxUnavailable 1, 10%, minAvailable n-1 in turn; the \
+             scheduler spreads them) and a DaemonSet pod per node, skipped. The StatefulSets have \
+             no budget: one re-creates an evicted pod under the same name, and under this load the \
+             disruption controller then holds the name in `disruptedPods` for its two-minute \
+             DeletionTimeout, allowing nothing; both drains would measure that timeout. Every node maintained {} at a \
+             time: ours with maxParallelOperations {} and maxUnavailable as below, each request \
+             released once Ready, under the invariant monitor (`tests/support/invariants.rs`: any \
+             PDB below desired, limit exceeded, node left cordoned or pod deleted fails the run); \
+             kubectl with {} concurrent `kubectl drain --ignore-daemonsets` + `kubectl uncordon`. \
+             Replacements land anywhere, maintained nodes included, so a pod can be evicted more \
+             than once: evictions count every one.\n\n\
+             | Who | Wall time (s) | Last drained at (s) | Evictions | Eviction calls | Calls/eviction \
+             | Codes | API requests | Requests/eviction | Peak in maintenance | Peak unavailable | \
+             Lowest PDB margin | Peak RSS (MiB) |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            any.nodes,
+            any.pods,
+            size.fleet_replicas.min(any.nodes),
+            any.parallel,
+            any.parallel,
+            any.parallel
+        );
+        for d in &report.fleet {
+            let codes: Vec<String> = d
+                .eviction_codes
+                .iter()
+                .map(|(c, n)| format!("{c}: {n}"))
+                .collect();
+            let inv = d.invariants.as_ref();
+            let _ = writeln!(
+                md,
+                "| {} | {:.1} | {:.1} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
+                d.who,
+                d.seconds,
+                d.seconds_to_last_drained,
+                d.evicted_pods,
+                d.eviction_calls,
+                d.eviction_calls_per_pod,
+                codes.join(", "),
+                d.api_calls.map_or("-".into(), |n| n.to_string()),
+                d.api_calls_per_pod
+                    .map_or("-".into(), |v| format!("{v:.2}")),
+                inv.map_or("-".into(), |i| format!(
+                    "{} (limit {})",
+                    i.peak_in_maintenance, i.max_parallel
+                )),
+                inv.map_or("-".into(), |i| format!(
+                    "{} (limit {})",
+                    i.peak_unavailable, i.max_unavailable
+                )),
+                inv.and_then(|i| i.lowest_pdb_margin)
+                    .map_or("-".into(), |m| m.to_string()),
+                d.rss_peak_mib.map_or("-".into(), |v| format!("{v:.1}")),
+            );
+        }
+        if let Some(r) = fleet_ratio(report) {
+            let _ = writeln!(md, "\nOur time / kubectl's: {r:.2}x.");
+        }
+        let _ = writeln!(
+            md,
+            "\nWhere the time goes: a budget that allows one disruption at a time (maxUnavailable \
+             1, minAvailable n-1) makes its workload's evictions a chain, the next admitted only \
+             once the last one's replacement is Ready and the disruption controller said so. The \
+             longest chain bounds the run from below; the gap between two links is the control \
+             plane's turn (replacement created, scheduled, Ready, budget updated) plus the \
+             drainer's reaction (ours: the budget watch; kubectl: its 5 s retry).\n\n\
+             | Who | One-at-a-time workloads | Longest chain | Its evictions | Its span (s) | \
+             Median gap (ms) | p90 gap (ms) |\n| --- | --- | --- | --- | --- | --- | --- |"
+        );
+        for d in &report.fleet {
+            if let Some(c) = &d.chains {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {:.1} | {:.0} | {:.0} |",
+                    d.who,
+                    c.workloads,
+                    c.longest,
+                    c.longest_evictions,
+                    c.longest_span_seconds,
+                    c.median_gap_ms,
+                    c.p90_gap_ms
                 );
             }
         }
@@ -2105,6 +2659,35 @@ fn readme_table(report: &Report, dir_name: &str) -> String {
             cell(theirs, false)
         );
     }
+    let (ours, theirs) = (fleet_run(report, "operator"), fleet_run(report, "kubectl"));
+    if let Some(any) = ours.or(theirs) {
+        let cell = |d: Option<&DrainRun>| match d {
+            Some(d) => format!(
+                "{:.1} s, {} evictions, {:.2} eviction calls per eviction",
+                d.seconds, d.evicted_pods, d.eviction_calls_per_pod
+            ),
+            None => "not run".into(),
+        };
+        let mut our_cell = cell(ours);
+        if let Some(inv) = ours.and_then(|d| d.invariants.as_ref()) {
+            let _ = write!(
+                our_cell,
+                ", at most {} in maintenance and {} unavailable, no invariant broken",
+                inv.peak_in_maintenance, inv.peak_unavailable
+            );
+        }
+        if let Some(r) = fleet_ratio(report) {
+            let _ = write!(our_cell, " ({r:.2}x kubectl's time)");
+        }
+        let _ = writeln!(
+            t,
+            "| Maintain all {} nodes ({} pods, PDBs), {} at a time | {our_cell} | {} |",
+            any.nodes,
+            any.pods,
+            any.parallel,
+            cell(theirs)
+        );
+    }
     if let Some(largest) = report.rss.iter().max_by_key(|r| (r.nodes, r.requests)) {
         let _ = writeln!(
             t,
@@ -2220,7 +2803,7 @@ async fn run() -> Result<()> {
     };
     println!(
         "bench_report: size {} (no drain {} requests on {} nodes, P={}; drain {} nodes x {} pods, \
-         K in {:?}; RSS at {:?} nodes x {} pods)",
+         K in {:?}; RSS at {:?} nodes x {} pods; every node maintained: {} nodes x {} pods, K={})",
         size.name,
         size.requests,
         size.nodes,
@@ -2229,7 +2812,10 @@ async fn run() -> Result<()> {
         size.pods_per_node,
         size.drain_parallel,
         size.rss_nodes,
-        size.rss_pods_per_node
+        size.rss_pods_per_node,
+        size.fleet_nodes,
+        size.fleet_pods_per_node,
+        size.fleet_parallel
     );
     let mut report = Report {
         size: Some(size.clone()),
@@ -2264,6 +2850,22 @@ async fn run() -> Result<()> {
         {
             report.drains.push(run);
         }
+    }
+    if size.runs("fleet")
+        && let Some(run) =
+            workload("fleet operator", &mut errors, fleet_ours(&size, &progress)).await
+    {
+        report.fleet.push(run);
+    }
+    if size.runs("fleet-kubectl")
+        && let Some(run) = workload(
+            "fleet kubectl",
+            &mut errors,
+            fleet_kubectl(&size, &progress),
+        )
+        .await
+    {
+        report.fleet.push(run);
     }
     if size.runs("rss") {
         report.rss = workload("rss", &mut errors, rss(&size, &progress))
@@ -2302,6 +2904,11 @@ async fn run() -> Result<()> {
     ensure!(
         report.drains.len() == runs * size.drain_parallel.len(),
         "missing drain runs"
+    );
+    ensure!(
+        report.fleet.len()
+            == usize::from(size.runs("fleet")) + usize::from(size.runs("fleet-kubectl")),
+        "missing fleet runs"
     );
     if size.runs("rss") {
         ensure!(
