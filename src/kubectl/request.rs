@@ -241,27 +241,42 @@ pub enum Ensured {
     Deleting,
 }
 
+/// How often [`ensure_request`] creates again when the request that held the name is gone by the
+/// time it is read (it was being deleted): each round trip is a real race lost, not a loop.
+const CREATE_ATTEMPTS: usize = 5;
+
 /// Creates the request unless it exists; reports how an existing one compares.
 pub async fn ensure_request(
     api: &Api<NodeMaintenance>,
     nm: &NodeMaintenance,
 ) -> Result<(Ensured, NodeMaintenance), kube::Error> {
     let name = nm.metadata.name.clone().unwrap_or_default();
-    match api.create(&PostParams::default(), nm).await {
-        Ok(created) => Ok((Ensured::Created, created)),
-        Err(err) if is_conflict(&err) => {
-            let existing = api.get(&name).await?;
-            let outcome = if existing.is_deleting() {
-                Ensured::Deleting
-            } else {
-                match Effective::of(&existing.spec).difference(&Effective::of(&nm.spec)) {
-                    Some(field) => Ensured::Differs(field),
-                    None => Ensured::Unchanged,
-                }
-            };
-            Ok((outcome, existing))
+    let mut attempt = 1;
+    loop {
+        match api.create(&PostParams::default(), nm).await {
+            Ok(created) => return Ok((Ensured::Created, created)),
+            Err(err) if is_conflict(&err) => {
+                // The one holding the name may have finished going away since the create: then
+                // the name is free and the create is made again.
+                let Some(existing) = api.get_opt(&name).await? else {
+                    if attempt >= CREATE_ATTEMPTS {
+                        return Err(err);
+                    }
+                    attempt += 1;
+                    continue;
+                };
+                let outcome = if existing.is_deleting() {
+                    Ensured::Deleting
+                } else {
+                    match Effective::of(&existing.spec).difference(&Effective::of(&nm.spec)) {
+                        Some(field) => Ensured::Differs(field),
+                        None => Ensured::Unchanged,
+                    }
+                };
+                return Ok((outcome, existing));
+            }
+            Err(err) => return Err(err),
         }
-        Err(err) => Err(err),
     }
 }
 
