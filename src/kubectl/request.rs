@@ -245,6 +245,38 @@ pub enum Ensured {
 /// time it is read (it was being deleted): each round trip is a real race lost, not a loop.
 const CREATE_ATTEMPTS: usize = 5;
 
+/// After a create answered 409 (the name is taken), what the request of that name, as read
+/// (`None`: gone meanwhile), makes of `wanted`: create again (the name came free), give up (it
+/// came free `CREATE_ATTEMPTS` times), or how the existing one compares.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterConflict {
+    CreateAgain,
+    GiveUp,
+    Found(Ensured),
+}
+
+fn after_conflict(
+    existing: Option<&NodeMaintenance>,
+    wanted: &NodeMaintenance,
+    attempt: usize,
+) -> AfterConflict {
+    let Some(existing) = existing else {
+        return if attempt >= CREATE_ATTEMPTS {
+            AfterConflict::GiveUp
+        } else {
+            AfterConflict::CreateAgain
+        };
+    };
+    AfterConflict::Found(if existing.is_deleting() {
+        Ensured::Deleting
+    } else {
+        match Effective::of(&existing.spec).difference(&Effective::of(&wanted.spec)) {
+            Some(field) => Ensured::Differs(field),
+            None => Ensured::Unchanged,
+        }
+    })
+}
+
 /// Creates the request unless it exists; reports how an existing one compares.
 pub async fn ensure_request(
     api: &Api<NodeMaintenance>,
@@ -256,24 +288,14 @@ pub async fn ensure_request(
         match api.create(&PostParams::default(), nm).await {
             Ok(created) => return Ok((Ensured::Created, created)),
             Err(err) if is_conflict(&err) => {
-                // The one holding the name may have finished going away since the create: then
-                // the name is free and the create is made again.
-                let Some(existing) = api.get_opt(&name).await? else {
-                    if attempt >= CREATE_ATTEMPTS {
-                        return Err(err);
+                let existing = api.get_opt(&name).await?;
+                match (after_conflict(existing.as_ref(), nm, attempt), existing) {
+                    (AfterConflict::Found(outcome), Some(existing)) => {
+                        return Ok((outcome, existing));
                     }
-                    attempt += 1;
-                    continue;
-                };
-                let outcome = if existing.is_deleting() {
-                    Ensured::Deleting
-                } else {
-                    match Effective::of(&existing.spec).difference(&Effective::of(&nm.spec)) {
-                        Some(field) => Ensured::Differs(field),
-                        None => Ensured::Unchanged,
-                    }
-                };
-                return Ok((outcome, existing));
+                    (AfterConflict::CreateAgain, _) => attempt += 1,
+                    _ => return Err(err),
+                }
             }
             Err(err) => return Err(err),
         }
@@ -361,6 +383,40 @@ pub async fn run(global: &GlobalArgs, args: RequestArgs) -> anyhow::Result<Outco
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A create answered 409 and the request of that name, read just after, is: gone (the old
+    /// one finished going away: create again, a few times at most), being deleted, the same, or
+    /// different.
+    #[test]
+    fn after_a_taken_name_a_request_gone_meanwhile_is_created_again() {
+        let wanted =
+            NodeMaintenance::new("r", MaintenanceFlags::default().spec("n", "requestor", &[]));
+        let mut deleting = wanted.clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+        );
+        let mut other = wanted.clone();
+        other.spec.cordon = Some(!other.spec.cordon());
+        let cases: [(Option<&NodeMaintenance>, usize, AfterConflict); 5] = [
+            (None, 1, AfterConflict::CreateAgain),
+            (None, CREATE_ATTEMPTS, AfterConflict::GiveUp),
+            (Some(&deleting), 1, AfterConflict::Found(Ensured::Deleting)),
+            (Some(&wanted), 1, AfterConflict::Found(Ensured::Unchanged)),
+            (
+                Some(&other),
+                1,
+                AfterConflict::Found(Ensured::Differs("spec.cordon")),
+            ),
+        ];
+        for (existing, attempt, want) in cases {
+            assert_eq!(
+                after_conflict(existing, &wanted, attempt),
+                want,
+                "existing {:?}, attempt {attempt}",
+                existing.map(|e| e.metadata.deletion_timestamp.is_some())
+            );
+        }
+    }
 
     #[test]
     fn drain_options_imply_a_drain() {
