@@ -1381,6 +1381,37 @@ fn drain_run(
     }
 }
 
+/// The operator's side of a drain run: plays the requestor on `nodes` (each released once Ready)
+/// while `op` drains them, then reads the run's figures and the operator's peak RSS. Returns the
+/// run, the audit log and when the requests began (for the caller's own figures).
+async fn operator_drain_run(
+    testbed: &Testbed,
+    client: &Client,
+    ns: &str,
+    nodes: &[String],
+    (pods, parallel, timeout): (usize, usize, Duration),
+    op: &Operator,
+    step: &Step,
+) -> Result<(DrainRun, AuditLog, Timestamp)> {
+    let from = Timestamp::now();
+    let (last_drained, seconds) = run_requests(client, ns, nodes, true, timeout, step).await?;
+    let to = Timestamp::now();
+    let (rss_peak, _) = operator_rss(op)?;
+    let log = AuditLog::read(testbed)?;
+    let shape = RunShape {
+        who: "operator",
+        nodes: nodes.len(),
+        pods,
+        parallel,
+        seconds,
+        last_drained,
+    };
+    let user = service_account_user(BENCH_OPERATOR_ACCOUNT);
+    let mut run = drain_run(shape, &log, ns, &user, from, Some(to));
+    run.rss_peak_mib = Some(rss_peak);
+    Ok((run, log, from))
+}
+
 async fn drain_ours(size: &Size, k: usize, progress: &Progress) -> Result<DrainRun> {
     let cluster = drain_cluster(size, k, "operator", progress).await?;
     let x = cluster.drained.len();
@@ -1388,30 +1419,17 @@ async fn drain_ours(size: &Size, k: usize, progress: &Progress) -> Result<DrainR
     let step = progress.begin(&format!(
         "drain operator K={k}: {x} nodes, maxParallelOperations=maxUnavailable={k}"
     ));
-    let from = Timestamp::now();
-    let (last_ready, seconds) = run_requests(
+    let (run, _, _) = operator_drain_run(
+        &cluster.testbed,
         &cluster.client,
         &cluster.ns,
         &cluster.drained,
-        true,
-        size.wait(cluster.pods * 4),
+        (cluster.pods, k, size.wait(cluster.pods * 4)),
+        &op,
         &step,
     )
     .await?;
-    let to = Timestamp::now();
-    let (rss_peak, _) = operator_rss(&op)?;
-    let log = AuditLog::read(&cluster.testbed)?;
-    let user = service_account_user(BENCH_OPERATOR_ACCOUNT);
-    let shape = RunShape {
-        who: "operator",
-        nodes: x,
-        pods: cluster.pods,
-        parallel: k,
-        seconds,
-        last_drained: last_ready,
-    };
-    let mut run = drain_run(shape, &log, &cluster.ns, &user, from, Some(to));
-    run.rss_peak_mib = Some(rss_peak);
+    let (seconds, last_ready) = (run.seconds, run.seconds_to_last_drained);
     let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
     let calls = run.api_calls.unwrap_or_default();
     step.end(&format!(
@@ -1672,30 +1690,18 @@ async fn fleet_ours(size: &Size, progress: &Progress) -> Result<DrainRun> {
     let step = progress.begin(&format!(
         "fleet operator: all {n} nodes, maxParallelOperations {k}, maxUnavailable {max_unavailable}"
     ));
-    let from = Timestamp::now();
-    let (last_ready, seconds) = run_requests(
+    let (mut run, log, from) = operator_drain_run(
+        &cluster.testbed,
         &cluster.client,
         &cluster.ns,
         &cluster.nodes,
-        true,
-        size.wait(cluster.pods * 4),
+        (cluster.pods, k, size.wait(cluster.pods * 4)),
+        &op,
         &step,
     )
     .await?;
-    let to = Timestamp::now();
-    let (rss_peak, _) = operator_rss(&op)?;
+    let (seconds, last_ready) = (run.seconds, run.seconds_to_last_drained);
     let seen = monitor.finish().await?;
-    let log = AuditLog::read(&cluster.testbed)?;
-    let shape = RunShape {
-        who: "operator",
-        nodes: n,
-        pods: cluster.pods,
-        parallel: k,
-        seconds,
-        last_drained: last_ready,
-    };
-    let mut run = drain_run(shape, &log, &cluster.ns, &user, from, Some(to));
-    run.rss_peak_mib = Some(rss_peak);
     run.invariants = Some(FleetInvariants {
         max_parallel: k,
         max_unavailable,
