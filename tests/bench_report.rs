@@ -372,6 +372,10 @@ struct NoDrain {
     events_lag_seconds: f64,
     /// Where a slot's time goes: the segments of one request's lifecycle, from the audit log.
     timeline: Vec<Segment>,
+    /// CPU seconds each process spent from the first create to the last request gone.
+    cpu_during_run: BTreeMap<String, f64>,
+    /// The machine's cores (what those CPU seconds are out of).
+    cores: usize,
 }
 
 /// One segment of a request's lifecycle without a drain, between two of the operator's calls as
@@ -387,7 +391,8 @@ struct Segment {
 }
 
 /// Splits each request's lifecycle at the operator's calls: admission (its metadata write),
-/// cordon, Ready (the status write after the cordon), uncordon, finalizer removal, and from a
+/// cordon, Ready (the status write after the cordon), the requestor's deletion, uncordon,
+/// finalizer removal, and from a
 /// release to the admission that takes its slot (the k-th release frees the slot of the
 /// (parallel + k)-th admission). `nodes[i]` is the node of request `r{i}`.
 fn lifecycle_timeline(
@@ -404,7 +409,7 @@ fn lifecycle_timeline(
         .iter()
         .filter(|w| w.user == user && w.received >= from && w.received <= to && w.code < 300)
         .collect();
-    let mut segments: [Vec<f64>; 5] = Default::default();
+    let mut segments: [Vec<f64>; 6] = Default::default();
     let mut admissions = Vec::new();
     let mut releases = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
@@ -436,7 +441,23 @@ fn lifecycle_timeline(
         else {
             continue;
         };
-        let points = [admitted, *cordon, ready, *uncordon, released];
+        // The requestor's deletion (the audit policy logs every NodeMaintenance deletion).
+        let Some(deleted) = log
+            .writes
+            .iter()
+            .filter(|w| {
+                w.verb == "delete"
+                    && w.resource == "nodemaintenances"
+                    && w.namespace == ns
+                    && w.name == name
+                    && w.received >= ready
+            })
+            .map(|w| w.received)
+            .next()
+        else {
+            continue;
+        };
+        let points = [admitted, *cordon, ready, deleted, *uncordon, released];
         for (k, pair) in points.windows(2).enumerate() {
             segments[k].push(seconds_between(pair[0], pair[1]) * 1000.0);
         }
@@ -447,18 +468,22 @@ fn lifecycle_timeline(
     releases.sort();
     for (k, released) in releases.iter().enumerate() {
         if let Some(next) = admissions.get(parallel + k) {
-            segments[4].push(seconds_between(*released, *next) * 1000.0);
+            segments[5].push(seconds_between(*released, *next) * 1000.0);
         }
     }
-    const NAMES: [(&str, &str); 5] = [
+    const NAMES: [(&str, &str); 6] = [
         (
             "admission -> cordon",
             "the admission's metadata write, its Scheduled status write, the node actor's start",
         ),
         ("cordon -> Ready", "the cordon, then the Ready status write"),
         (
-            "Ready -> uncordon",
-            "the requestor sees Ready and deletes; the operator sees the deletion",
+            "Ready -> deletion",
+            "the requestor's watch shows Ready, it deletes the request",
+        ),
+        (
+            "deletion -> uncordon",
+            "the operator's watch shows the deletion, the node actor steps",
         ),
         (
             "uncordon -> finalizer off",
@@ -681,7 +706,29 @@ fn operator_rss(op: &Operator) -> Result<(f64, f64)> {
 
 /// CPU seconds (user + system) the operator process has used so far, from /proc/PID/stat.
 fn operator_cpu_seconds(op: &Operator) -> Result<f64> {
-    let pid = op.pid().context("the operator is not running")?;
+    cpu_seconds_of(&op.pid().context("the operator is not running")?.to_string())
+}
+
+/// CPU seconds used so far by each process the run depends on: the control plane's components
+/// (the testbed's `pids` file), the operator, and this process (the requestor and the bench).
+fn cpu_by_process(testbed: &Testbed, op: &Operator) -> Result<BTreeMap<String, f64>> {
+    let pids = std::fs::read_to_string(testbed.dir().join("pids"))
+        .context("reading the testbed's pids file")?;
+    let mut cpu = BTreeMap::new();
+    for line in pids.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(name), Some(pid)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        cpu.insert(name.to_string(), cpu_seconds_of(pid)?);
+    }
+    cpu.insert("operator".to_string(), operator_cpu_seconds(op)?);
+    cpu.insert("bench (requestor)".to_string(), cpu_seconds_of("self")?);
+    Ok(cpu)
+}
+
+/// CPU seconds (user + system) of process `pid` (a number, or `self`), from /proc/PID/stat.
+fn cpu_seconds_of(pid: &str) -> Result<f64> {
     let path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     // The command name (field 2) may hold spaces: count the fields after its closing ')'.
@@ -1019,6 +1066,7 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
     ));
     let from = Timestamp::now();
     let cpu_before = operator_cpu_seconds(&op)?;
+    let cpu_by_process_before = cpu_by_process(&testbed, &op)?;
     let (_, seconds) = run_requests(
         &client,
         &ns,
@@ -1029,6 +1077,13 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
     )
     .await?;
     let requests_per_second = size.requests as f64 / seconds;
+    let cpu_during_run: BTreeMap<String, f64> = cpu_by_process(&testbed, &op)?
+        .into_iter()
+        .map(|(name, after)| {
+            let before = cpu_by_process_before.get(&name).copied().unwrap_or(0.0);
+            (name, after - before)
+        })
+        .collect();
     step.end(&format!(
         "all Ready and released in {seconds:.1}s, {requests_per_second:.1} requests/s"
     ));
@@ -1087,6 +1142,8 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
         rss_peak_mib,
         cpu_seconds_per_request,
         api_writes_per_second: writes_per_second,
+        cpu_during_run,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     })
 }
 
@@ -2116,6 +2173,31 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
                     segment.samples,
                     segment.median_ms,
                     segment.p90_ms
+                );
+            }
+        }
+        if !nd.cpu_during_run.is_empty() {
+            let total: f64 = nd.cpu_during_run.values().sum();
+            let available = nd.seconds * nd.cores as f64;
+            let _ = writeln!(
+                md,
+                "
+Where the machine's time goes: CPU seconds each process spent during the run                  ({:.1} s on {} cores, {available:.1} CPU seconds; these processes used {total:.1},                  {:.0}%).
+
+| Process | CPU (s) | Share of the machine | Per request (ms) |
+                 | --- | --- | --- | --- |",
+                nd.seconds,
+                nd.cores,
+                total / available * 100.0
+            );
+            let mut by_cost: Vec<(&String, &f64)> = nd.cpu_during_run.iter().collect();
+            by_cost.sort_by(|a, b| b.1.total_cmp(a.1));
+            for (process, seconds) in by_cost {
+                let _ = writeln!(
+                    md,
+                    "| {process} | {seconds:.1} | {:.0}% | {:.1} |",
+                    seconds / available * 100.0,
+                    seconds / nd.requests.max(1) as f64 * 1000.0
                 );
             }
         }
