@@ -2181,11 +2181,10 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
             let available = nd.seconds * nd.cores as f64;
             let _ = writeln!(
                 md,
-                "
-Where the machine's time goes: CPU seconds each process spent during the run                  ({:.1} s on {} cores, {available:.1} CPU seconds; these processes used {total:.1},                  {:.0}%).
-
-| Process | CPU (s) | Share of the machine | Per request (ms) |
-                 | --- | --- | --- | --- |",
+                "\nWhere the machine's time goes: CPU seconds each process spent during the \
+                 run ({:.1} s on {} cores, {available:.1} CPU seconds; these processes used \
+                 {total:.1}, {:.0}%).\n\n| Process | CPU (s) | Share of the machine | \
+                 Per request (ms) |\n| --- | --- | --- | --- |",
                 nd.seconds,
                 nd.cores,
                 total / available * 100.0
