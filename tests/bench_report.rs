@@ -474,7 +474,7 @@ fn lifecycle_timeline(
     const NAMES: [(&str, &str); 6] = [
         (
             "admission -> cordon",
-            "the admission's metadata write, its Scheduled status write, the node actor's start",
+            "the admission's metadata write (no status write), the node actor's start",
         ),
         ("cordon -> Ready", "the cordon, then the Ready status write"),
         (
@@ -683,20 +683,30 @@ fn rss_of(pid: u32) -> Result<(f64, f64)> {
     Ok((hwm, rss))
 }
 
-/// VmRSS (MiB) of each running control-plane component of `testbed` (its `pids` file: name,
-/// pid, start time per line); a component that cannot be read is left out.
-fn control_plane_rss(testbed: &Testbed) -> BTreeMap<String, f64> {
-    let Ok(pids) = std::fs::read_to_string(testbed.dir().join("pids")) else {
-        return BTreeMap::new();
-    };
-    pids.lines()
+/// The control plane's components and their pids, from the testbed's `pids` file (name, pid,
+/// start time per line).
+fn testbed_pids(testbed: &Testbed) -> Result<Vec<(String, u32)>> {
+    let path = testbed.dir().join("pids");
+    let pids = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the testbed's {}", path.display()))?;
+    Ok(pids
+        .lines()
         .filter_map(|line| {
             let mut fields = line.split_whitespace();
             let name = fields.next()?;
-            let pid: u32 = fields.next()?.parse().ok()?;
-            let (_, rss) = rss_of(pid).ok()?;
-            Some((name.to_string(), rss))
+            let pid = fields.next()?.parse().ok()?;
+            Some((name.to_string(), pid))
         })
+        .collect())
+}
+
+/// VmRSS (MiB) of each running control-plane component of `testbed`; a component that cannot be
+/// read is left out.
+fn control_plane_rss(testbed: &Testbed) -> BTreeMap<String, f64> {
+    testbed_pids(testbed)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(name, pid)| Some((name, rss_of(pid).ok()?.1)))
         .collect()
 }
 
@@ -712,15 +722,9 @@ fn operator_cpu_seconds(op: &Operator) -> Result<f64> {
 /// CPU seconds used so far by each process the run depends on: the control plane's components
 /// (the testbed's `pids` file), the operator, and this process (the requestor and the bench).
 fn cpu_by_process(testbed: &Testbed, op: &Operator) -> Result<BTreeMap<String, f64>> {
-    let pids = std::fs::read_to_string(testbed.dir().join("pids"))
-        .context("reading the testbed's pids file")?;
     let mut cpu = BTreeMap::new();
-    for line in pids.lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(name), Some(pid)) = (fields.next(), fields.next()) else {
-            continue;
-        };
-        cpu.insert(name.to_string(), cpu_seconds_of(pid)?);
+    for (name, pid) in testbed_pids(testbed)? {
+        cpu.insert(name, cpu_seconds_of(&pid.to_string())?);
     }
     cpu.insert("operator".to_string(), operator_cpu_seconds(op)?);
     cpu.insert("bench (requestor)".to_string(), cpu_seconds_of("self")?);
@@ -748,8 +752,6 @@ fn cpu_seconds_of(pid: &str) -> Result<f64> {
     Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
-/// The operator's calls (reads and writes) received in `[from, to]`: total, by verb, and by
-/// `verb resource[/subresource]`.
 /// Waits until the Events in `ns` stop growing (no new one for 2 s), at most `timeout`; returns
 /// the seconds from `since` to the last new Event seen.
 async fn wait_events_settled(

@@ -1032,7 +1032,9 @@ async fn wait_phase(
         timeout,
         || async move {
             let nm = api.get(name).await?;
-            if nm.condition(condition_type::READY).is_some() && nm.phase() == phase {
+            // Pending must be written (not merely unseen); Scheduled may be the admission's alone.
+            let shown = phase != Phase::Pending || nm.condition(condition_type::READY).is_some();
+            if shown && nm.phase() == phase {
                 return Ok(Check::Done(nm));
             }
             Ok(Check::Pending(format!("status {:?}", nm.status)))

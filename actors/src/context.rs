@@ -219,7 +219,8 @@ impl Context {
         Ok(updated)
     }
 
-    fn record_transition(&self, nm: &NodeMaintenance, transition: &Transition) {
+    /// Measures, logs and publishes a phase change (an Event).
+    pub fn record_transition(&self, nm: &NodeMaintenance, transition: &Transition) {
         let to = transition.to;
         if let (Some(from), Some(spent)) = (transition.from, transition.in_phase_for) {
             self.metrics

@@ -263,6 +263,16 @@ impl Actor for NodeActor {
                 } else {
                     tracing::warn!(request = %state.key(), node = %state.node(), error = %err, retry_in = ?delay, "maintenance step failed; retrying");
                     state.ctx.error("node_step");
+                    if let Some(write) =
+                        lifecycle::status_after_failed_step(&state.request, &err.to_string(), now)
+                    {
+                        match state.ctx.apply_status_write(&state.request, &write).await {
+                            Ok(updated) => state.request = Arc::new(updated),
+                            Err(err) => {
+                                tracing::warn!(request = %state.key(), %err, "could not show the failed step in the status");
+                            }
+                        }
+                    }
                     state.schedule_step(&myself, delay);
                 }
             }

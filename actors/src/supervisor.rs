@@ -92,7 +92,7 @@ pub struct SupervisorState {
     actors: HashMap<String, ActorRef<NodeMsg>>,
     /// The resourceVersion last forwarded to each actor.
     forwarded: HashMap<String, String>,
-    /// Requests we admitted whose Scheduled status the cache has not shown yet: counted as in
+    /// Requests we admitted whose admission the cache has not shown yet: counted as in
     /// maintenance so a fast second round never admits past the limits.
     admitted: HashSet<String>,
     /// Requests whose node actor finished (cleanup done: node uncordoned, our finalizer off, or
@@ -282,7 +282,7 @@ impl Actor for Supervisor {
                         state.ctx.metrics.requests_admitted_total.inc();
                         // The node actor starts now, from the version the admission wrote,
                         // rather than once the cache shows it (a watch hop on every slot's
-                        // turn). The cache's event for the Scheduled status brings the next
+                        // turn). The cache's event for the admission brings the next
                         // round.
                         let node_exists = state
                             .nodes
@@ -573,24 +573,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                     .map(|n| Arc::clone(n));
                 let supervisor = myself.clone();
                 let writes = tokio::spawn(async move {
-                    // A request seen for the first time is Pending first, with its Event, as
-                    // NVIDIA's operator shows every request (requestors may wait for it); the
-                    // admission then uses the version that write returned.
-                    let admitted = async {
-                        let request = if is_new(&request) {
-                            ctx.transition(
-                                &request,
-                                Phase::Pending,
-                                "waiting for admission",
-                                |_| {},
-                            )
-                            .await?
-                        } else {
-                            (*request).clone()
-                        };
-                        admit(&ctx, &request, node.as_ref()).await
-                    };
-                    match admitted.await {
+                    match admit(&ctx, &request, node.as_ref()).await {
                         Ok(written) => AdmitOutcome::Done(Arc::new(written)),
                         Err(err) if is_conflict(&err) || is_not_found(&err) => {
                             AdmitOutcome::Changed
@@ -647,11 +630,9 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             ctx.error("schedule");
         }
     }
-    // After admission: a request admitted in its first round is marked Pending by its admission
-    // task, which then admits the version that write returned (a Pending write here would make
-    // the admission's guarded patch conflict and cost a round); the others get Pending with
-    // their reason in their first write.
-    // A stale admission's next attempt writes Pending itself, like a first one.
+    // After admission: a request admitted in its first round gets no Pending write (it would make
+    // the admission's guarded patch conflict and cost a round; the admission reports Pending);
+    // the others get Pending with their reason in their first write.
     let busy: HashSet<String> = state
         .admitted
         .iter()
@@ -1053,9 +1034,12 @@ async fn set_owners(
     .await
 }
 
-/// Pending -> Scheduled: finalizer, the node as owner and the admission's annotations (the node's
-/// initial state among them) first, in one write, so cleanup is guaranteed, deleting the node
-/// removes the request, and the first step can cordon at once; then the status.
+/// Pending -> Scheduled in one metadata write, which is the admission: the finalizer, the node
+/// as owner and the admission's annotations (the node's initial state and the request's UID
+/// among them), so cleanup is guaranteed, deleting the node removes the request, and the first
+/// step can cordon at once. No status write: the object shows the request Scheduled
+/// (`NodeMaintenance::phase`), and the node actor's next phase is the first status it writes.
+/// The phase changes are reported all the same (Events, metrics).
 async fn admit(
     ctx: &Context,
     request: &NodeMaintenance,
@@ -1084,7 +1068,8 @@ async fn admit(
             lifecycle::NodeView::of(nodes.get_opt(&request.spec.node_name).await?.as_ref())
         }
     };
-    let annotations = lifecycle::admission_annotations(request, node_view, jiff::Timestamp::now());
+    let now = jiff::Timestamp::now();
+    let annotations = lifecycle::admission_annotations(request, node_view, now);
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": request.resource_version(),
@@ -1093,15 +1078,17 @@ async fn admit(
             "annotations": annotations,
         }
     });
-    let with_finalizer = api
+    let admitted = api
         .patch(
             &request.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
         )
         .await?;
-    ctx.transition(&with_finalizer, Phase::Scheduled, "admitted", |_| {})
-        .await
+    for transition in lifecycle::admission_transitions(request, now) {
+        ctx.record_transition(&admitted, &transition);
+    }
+    Ok(admitted)
 }
 
 /// Keeps one node actor per request in progress and forwards each new version to it.

@@ -73,14 +73,20 @@ pub fn set_phase(
 /// request's first Pending, not its phase start. Its timers count from NVIDIA's own record where
 /// there is one (`wait-pod-completion-start-time`, internal/podcompletion/podcompletion.go) and
 /// from the adoption otherwise: later, never earlier, so an adopted request never times out early.
+///
+/// Scheduled by the admission alone (no status shows it) was entered at the admission.
 pub fn phase_since(nm: &NodeMaintenance) -> Option<jiff::Timestamp> {
+    if nm.admitted_not_shown() {
+        return admitted_time(nm);
+    }
     let entered = nm
         .condition(condition_type::READY)
         .map(|c| c.last_transition_time.0)?;
     let Some(admitted) = admitted_time(nm) else {
         return Some(entered);
     };
-    if entered >= admitted {
+    // A condition's time has whole seconds; the admission's has milliseconds.
+    if entered >= whole_seconds(admitted) {
         return Some(entered);
     }
     let nvidia_wait_start = (nm.phase() == Phase::WaitForPodCompletion)
@@ -103,6 +109,16 @@ pub fn annotation_time(nm: &NodeMaintenance, key: &str) -> Option<jiff::Timestam
 /// (`time.Now().UTC().Format(time.RFC3339)`).
 pub fn annotation_value(at: jiff::Timestamp) -> String {
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The admission time's annotation value: RFC 3339 in UTC with milliseconds, since Scheduled's
+/// duration (usually well under a second) is measured from it when no status shows the phase.
+pub fn admitted_time_value(at: jiff::Timestamp) -> String {
+    at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+fn whole_seconds(at: jiff::Timestamp) -> jiff::Timestamp {
+    jiff::Timestamp::from_second(at.as_second()).unwrap_or(at)
 }
 
 /// True when the requestor has reported that its own work on the node failed.

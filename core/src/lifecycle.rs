@@ -19,9 +19,9 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
-    ADMITTED_TIME_ANNOTATION, BlockedPod, CORDON_REQUESTED_ANNOTATION, DrainSpec, DrainStatus,
-    FINALIZER, ForceDeletedPod, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
-    NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION, condition_type,
+    ADMITTED_TIME_ANNOTATION, ADMITTED_UID_ANNOTATION, BlockedPod, CORDON_REQUESTED_ANNOTATION,
+    DrainSpec, DrainStatus, FINALIZER, ForceDeletedPod, INITIAL_UNSCHEDULABLE_ANNOTATION,
+    NodeMaintenance, NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION, condition_type,
 };
 
 use crate::conditions;
@@ -705,9 +705,9 @@ pub fn enter_phase(
     now: Timestamp,
     edit: impl FnOnce(&mut NodeMaintenanceStatus),
 ) -> StatusWrite {
-    let from = request
-        .condition(condition_type::READY)
-        .map(|_| request.phase());
+    // An admitted request is Scheduled even when its status does not show it yet.
+    let from = (request.condition(condition_type::READY).is_some() || request.admitted_by_us())
+        .then(|| request.phase());
     let mut status = request.status.clone().unwrap_or_default();
     conditions::set_phase(
         &mut status.conditions,
@@ -966,8 +966,12 @@ pub fn admission_annotations(
 ) -> BTreeMap<String, String> {
     let mut annotations = BTreeMap::from([(
         ADMITTED_TIME_ANNOTATION.to_string(),
-        conditions::annotation_value(now),
+        conditions::admitted_time_value(now),
     )]);
+    // With our finalizer, this makes the request Scheduled (`NodeMaintenance::phase`).
+    if let Some(uid) = &request.metadata.uid {
+        annotations.insert(ADMITTED_UID_ANNOTATION.to_string(), uid.clone());
+    }
     if let (None, NodeView::Present { unschedulable }) = (initial_state(request), node) {
         annotations.insert(
             INITIAL_UNSCHEDULABLE_ANNOTATION.to_string(),
@@ -978,6 +982,52 @@ pub fn admission_annotations(
         annotations.insert(CORDON_REQUESTED_ANNOTATION.to_string(), "true".to_string());
     }
     annotations
+}
+
+/// The phase changes an admission reports (metrics, log, Events), though it writes no status:
+/// its metadata write alone makes the request Scheduled. A request never marked Pending passes
+/// through Pending first, as NVIDIA's operator shows every request (with its Event), at once.
+pub fn admission_transitions(request: &NodeMaintenance, now: Timestamp) -> Vec<Transition> {
+    let mut transitions = Vec::new();
+    let mut pending = request.clone();
+    if request.phase() == Phase::Pending
+        && request
+            .condition(condition_type::READY)
+            .is_none_or(|c| c.reason.is_empty())
+    {
+        let write = enter_phase(
+            request,
+            Phase::Pending,
+            "waiting for admission",
+            now,
+            |_| {},
+        );
+        transitions.extend(write.transition);
+        pending.status = Some(write.status);
+    }
+    transitions.extend(enter_phase(&pending, Phase::Scheduled, "admitted", now, |_| {}).transition);
+    transitions
+}
+
+/// After a failed step: a request that only its admission shows Scheduled gets Scheduled written
+/// with `error`, or its status would stay blank (or keep the reason it waited for) while the
+/// step is retried. Any other status is left as it is: the step writes its own.
+pub fn status_after_failed_step(
+    request: &NodeMaintenance,
+    error: &str,
+    now: Timestamp,
+) -> Option<StatusWrite> {
+    if !request.admitted_not_shown() || request.is_deleting() {
+        return None;
+    }
+    let message = format!("admitted; the next step failed and is retried: {error}");
+    Some(enter_phase(
+        request,
+        Phase::Scheduled,
+        &message,
+        now,
+        |_| {},
+    ))
 }
 
 /// Ready without NVIDIA's `ready-time` annotation gets it once it has been Ready for

@@ -1189,7 +1189,7 @@ mod tests {
     }
 
     #[test]
-    fn a_request_with_an_unknown_ready_reason_takes_a_slot() {
+    fn a_request_with_an_unknown_ready_reason_or_admitted_on_the_object_takes_a_slot() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
         use maintenance_crds::{NodeMaintenanceSpec, NodeMaintenanceStatus};
         let object = |name: &str, node: &str, reason: Option<&str>| NodeMaintenance {
@@ -1236,15 +1236,31 @@ mod tests {
                 }),
             })
             .collect();
-        let snapshot = Snapshot::from_objects(&node_objects, [&from_a_newer_operator, &next]);
-        let decision = schedule(&snapshot, &limits(int(1), Some(int(1))), at(0)).unwrap();
-        assert_eq!(decision.available_slots, 0);
-        assert_eq!(decision.can_become_unavailable, Some(0));
-        assert!(decision.scheduled.is_empty(), "{decision:#?}");
-        assert!(
-            reason_of(&decision, "next").starts_with("no free slot"),
-            "{decision:#?}"
+        // Admitted by its metadata write alone (no status yet), as after a restart that came
+        // between the admission and the first status write.
+        let mut admitted_on_the_object = object("admitted", &node_name(0), None);
+        admitted_on_the_object.metadata.uid = Some("uid-a".to_string());
+        admitted_on_the_object.metadata.finalizers =
+            Some(vec![maintenance_crds::FINALIZER.to_string()]);
+        admitted_on_the_object.metadata.annotations = Some(
+            [(
+                maintenance_crds::ADMITTED_UID_ANNOTATION.to_string(),
+                "uid-a".to_string(),
+            )]
+            .into_iter()
+            .collect(),
         );
+        for holder in [&from_a_newer_operator, &admitted_on_the_object] {
+            let snapshot = Snapshot::from_objects(&node_objects, [holder, &next]);
+            let decision = schedule(&snapshot, &limits(int(1), Some(int(1))), at(0)).unwrap();
+            assert_eq!(decision.available_slots, 0);
+            assert_eq!(decision.can_become_unavailable, Some(0));
+            assert!(decision.scheduled.is_empty(), "{decision:#?}");
+            assert!(
+                reason_of(&decision, "next").starts_with("no free slot"),
+                "{decision:#?}"
+            );
+        }
     }
 
     #[test]

@@ -27,6 +27,11 @@ pub const WAIT_POD_COMPLETION_START_ANNOTATION: &str =
 /// (RFC 3339). A phase entered before it was entered under the other operator, whose
 /// `lastTransitionTime` does not mark phase starts: its timers count from here instead.
 pub const ADMITTED_TIME_ANNOTATION: &str = "maintenance.nvidia.com/admitted-time";
+/// The UID of the request this operator admitted (ours, written with the admission's finalizer).
+/// The admission is that one metadata write: a request that carries its own UID here and our
+/// finalizer is Scheduled even while its status still shows Pending (or nothing). A copy of an
+/// admitted object (another UID) is not admitted.
+pub const ADMITTED_UID_ANNOTATION: &str = "maintenance.nvidia.com/admitted-uid";
 
 /// What `spec.requestorID` must match: NVIDIA's kubebuilder pattern, verbatim.
 pub const REQUESTOR_ID_PATTERN: &str =
@@ -365,12 +370,46 @@ impl NodeMaintenance {
     /// never admits past the limits, and as Scheduled, from where the node actor resumes the
     /// preparation idempotently from the start. NVIDIA likewise counts every reason but "" and
     /// Pending as under maintenance.
+    ///
+    /// A request the status shows Pending (or not at all) that we admitted is Scheduled: see
+    /// [`NodeMaintenance::admitted_not_shown`].
     pub fn phase(&self) -> Phase {
+        match self.shown_phase() {
+            Phase::Pending if self.admitted_by_us() => Phase::Scheduled,
+            shown => shown,
+        }
+    }
+
+    /// The phase the status shows, before the admission's metadata is read.
+    fn shown_phase(&self) -> Phase {
         match self.condition(condition_type::READY) {
             None => Phase::Pending,
             Some(ready) if ready.reason.is_empty() => Phase::Pending,
             Some(ready) => Phase::parse(&ready.reason).unwrap_or(Phase::Scheduled),
         }
+    }
+
+    /// Admitted by this operator: its own UID in [`ADMITTED_UID_ANNOTATION`] and our finalizer.
+    pub fn admitted_by_us(&self) -> bool {
+        let own_uid = self.metadata.uid.as_deref().is_some_and(|uid| {
+            self.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ADMITTED_UID_ANNOTATION))
+                .is_some_and(|admitted| admitted == uid)
+        });
+        own_uid
+            && self
+                .metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+    }
+
+    /// Scheduled by the admission's metadata write alone: the status does not show it (no
+    /// status write is spent on Scheduled; the next phase's write is the first one).
+    pub fn admitted_not_shown(&self) -> bool {
+        self.shown_phase() == Phase::Pending && self.admitted_by_us()
     }
 
     pub fn is_deleting(&self) -> bool {
@@ -460,5 +499,49 @@ mod tests {
                 "{reason}"
             );
         }
+    }
+
+    fn admitted(
+        nm: NodeMaintenance,
+        uid: &str,
+        admitted_uid: &str,
+        finalizer: bool,
+    ) -> NodeMaintenance {
+        let mut nm = nm;
+        nm.metadata.uid = Some(uid.to_string());
+        nm.metadata.annotations = Some(
+            [(
+                ADMITTED_UID_ANNOTATION.to_string(),
+                admitted_uid.to_string(),
+            )]
+            .into_iter()
+            .collect(),
+        );
+        nm.metadata.finalizers = finalizer.then(|| vec![FINALIZER.to_string()]);
+        nm
+    }
+
+    #[test]
+    fn a_request_admitted_by_its_metadata_write_is_scheduled_while_its_status_shows_pending() {
+        for shown in [None, Some(""), Some("Pending")] {
+            let nm = admitted(with_ready_reason(shown), "u1", "u1", true);
+            assert_eq!(nm.phase(), Phase::Scheduled, "{shown:?}");
+            assert!(nm.admitted_not_shown(), "{shown:?}");
+        }
+        // A later phase the status shows is that phase.
+        let draining = admitted(with_ready_reason(Some("Draining")), "u1", "u1", true);
+        assert_eq!(draining.phase(), Phase::Draining);
+        assert!(!draining.admitted_not_shown());
+    }
+
+    #[test]
+    fn a_copy_of_an_admitted_request_or_one_without_our_finalizer_is_pending() {
+        let copy = admitted(with_ready_reason(None), "u2", "u1", true);
+        assert_eq!(copy.phase(), Phase::Pending);
+        let no_finalizer = admitted(with_ready_reason(None), "u1", "u1", false);
+        assert_eq!(no_finalizer.phase(), Phase::Pending);
+        let mut no_uid = admitted(with_ready_reason(None), "u1", "u1", true);
+        no_uid.metadata.uid = None;
+        assert_eq!(no_uid.phase(), Phase::Pending);
     }
 }

@@ -9,10 +9,10 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
-    ADMITTED_TIME_ANNOTATION, CORDON_REQUESTED_ANNOTATION, DrainSpec, DrainStatus, FINALIZER,
-    INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus,
-    Phase, READY_TIME_ANNOTATION, WAIT_POD_COMPLETION_START_ANNOTATION, WaitForPodCompletionSpec,
-    condition_type,
+    ADMITTED_TIME_ANNOTATION, ADMITTED_UID_ANNOTATION, CORDON_REQUESTED_ANNOTATION, DrainSpec,
+    DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, NodeMaintenanceSpec,
+    NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION, WAIT_POD_COMPLETION_START_ANNOTATION,
+    WaitForPodCompletionSpec, condition_type,
 };
 
 use super::*;
@@ -42,6 +42,7 @@ fn request(phase: Phase) -> NodeMaintenance {
         },
     );
     nm.metadata.namespace = Some("default".into());
+    nm.metadata.uid = Some("uid-1".into());
     nm.metadata.resource_version = Some("10".into());
     nm.metadata.finalizers = Some(vec![FINALIZER.into()]);
     let mut status = NodeMaintenanceStatus::default();
@@ -488,7 +489,11 @@ fn admission_records_the_admission_time_and_the_fresh_initial_state() {
     let annotations = admission_annotations(&pending, CORDONED, at(7));
     assert_eq!(
         annotations.get(ADMITTED_TIME_ANNOTATION),
-        Some(&conditions::annotation_value(at(7)))
+        Some(&"2027-01-15T08:00:07.000Z".to_string())
+    );
+    assert_eq!(
+        annotations.get(ADMITTED_UID_ANNOTATION),
+        pending.metadata.uid.as_ref()
     );
     assert_eq!(
         annotations
@@ -520,6 +525,111 @@ fn admission_records_the_admission_time_and_the_fresh_initial_state() {
         !admission_annotations(&no_cordon, SCHEDULABLE, at(7))
             .contains_key(CORDON_REQUESTED_ANNOTATION)
     );
+}
+
+/// A request as the admission leaves it: never given a status (admitted in its first round),
+/// with our finalizer and the admission's annotations, written at `admitted`.
+fn admitted_by_metadata(admitted: Timestamp) -> NodeMaintenance {
+    let mut nm = request(Phase::Pending);
+    nm.status = None;
+    nm.metadata.annotations = Some(admission_annotations(&nm, SCHEDULABLE, admitted));
+    nm
+}
+
+/// The admission writes no status: its metadata alone makes the request Scheduled, and the
+/// Scheduled step cordons and writes Ready, the request's first status write, reporting the
+/// time spent in Scheduled from the admission's time (milliseconds).
+#[test]
+fn a_request_admitted_by_its_metadata_write_is_cordoned_and_made_ready_in_one_step() {
+    let admitted = at(7)
+        .checked_add(jiff::SignedDuration::from_millis(250))
+        .expect("time");
+    let nm = admitted_by_metadata(admitted);
+    assert_eq!(nm.phase(), Phase::Scheduled);
+    assert_eq!(conditions::phase_since(&nm), Some(admitted));
+    let now = at(8);
+    let step = run(&nm, SCHEDULABLE, None, now);
+    assert_eq!(step.actions[0], Action::Cordon);
+    let writes = status_writes(&step);
+    assert_eq!(writes.len(), 1, "{step:?}");
+    assert_eq!(
+        writes[0].transition,
+        Some(Transition {
+            from: Some(Phase::Scheduled),
+            to: Phase::Ready,
+            message: "no drain requested".into(),
+            in_phase_for: Some(Duration::from_millis(750)),
+        })
+    );
+    // A copy of it (another UID) was never admitted: it waits for the scheduler.
+    let mut copy = nm;
+    copy.metadata.uid = Some("uid-2".into());
+    assert_eq!(copy.phase(), Phase::Pending);
+    assert!(run(&copy, SCHEDULABLE, None, now).actions.is_empty());
+}
+
+/// Deleted after its admission but before any status shows it, the request may already have
+/// its cordon: it is undone.
+#[test]
+fn deleting_a_request_admitted_but_still_shown_pending_uncordons_its_node() {
+    for shown_pending in [false, true] {
+        let mut nm = admitted_by_metadata(at(7));
+        if shown_pending {
+            let mut status = NodeMaintenanceStatus::default();
+            conditions::set_phase(&mut status.conditions, Phase::Pending, "", at(0), None);
+            nm.status = Some(status);
+        }
+        let step = run(&deleting(nm), SCHEDULABLE, None, at(8));
+        assert_eq!(step.actions[0], Action::Uncordon, "{step:?}");
+        assert!(removes_finalizer(&step));
+    }
+}
+
+/// A step that fails on a request only its admission shows Scheduled (a refused cordon, say)
+/// writes Scheduled with the error, so the status neither stays blank nor keeps the reason it
+/// waited for; shown in any other phase, the status is left to the step.
+#[test]
+fn a_failed_first_step_after_the_admission_shows_scheduled_with_the_error() {
+    let nm = admitted_by_metadata(at(7));
+    let write = status_after_failed_step(&nm, "nodes \"node-1\" is forbidden", at(9))
+        .expect("a status write");
+    // No phase change: the admission reported Scheduled already.
+    assert_eq!(write.transition, None);
+    let ready = ready_condition(&write);
+    assert_eq!(ready.reason, "Scheduled");
+    assert!(ready.message.contains("is forbidden"), "{}", ready.message);
+    // Once written, a second failure does not write again.
+    let mut shown = nm.clone();
+    shown.status = Some(write.status);
+    assert_eq!(status_after_failed_step(&shown, "again", at(10)), None);
+    assert_eq!(
+        status_after_failed_step(&request(Phase::Draining), "e", at(9)),
+        None
+    );
+    assert_eq!(
+        status_after_failed_step(&request(Phase::Pending), "e", at(9)),
+        None
+    );
+}
+
+/// The admission reports Pending (for a request never shown Pending) and Scheduled, though it
+/// writes no status.
+#[test]
+fn the_admission_reports_pending_first_for_a_new_request_then_scheduled() {
+    let mut new = request(Phase::Pending);
+    new.status = None;
+    let phases = |t: &[Transition]| t.iter().map(|t| (t.from, t.to)).collect::<Vec<_>>();
+    assert_eq!(
+        phases(&admission_transitions(&new, at(5))),
+        [
+            (None, Phase::Pending),
+            (Some(Phase::Pending), Phase::Scheduled)
+        ]
+    );
+    // Pending since at(0): the time it waited is measured.
+    let waited = admission_transitions(&request(Phase::Pending), at(5));
+    assert_eq!(phases(&waited), [(Some(Phase::Pending), Phase::Scheduled)]);
+    assert_eq!(waited[0].in_phase_for, Some(Duration::from_secs(5)));
 }
 
 /// The admission's initial state comes from the cache only when the cache shows the node
