@@ -1250,6 +1250,13 @@ mod tests {
             .into_iter()
             .collect(),
         );
+        // Its cleanup done (deleted, finalizer off), it holds nothing.
+        let mut released = admitted_on_the_object.clone();
+        released.metadata.deletion_timestamp = Some(Time(at(0)));
+        released.metadata.finalizers = None;
+        let snapshot = Snapshot::from_objects(&node_objects, [&released, &next]);
+        let decision = schedule(&snapshot, &limits(int(1), Some(int(1))), at(0)).unwrap();
+        assert_eq!(decision.scheduled.len(), 1, "{decision:#?}");
         for holder in [&from_a_newer_operator, &admitted_on_the_object] {
             let snapshot = Snapshot::from_objects(&node_objects, [holder, &next]);
             let decision = schedule(&snapshot, &limits(int(1), Some(int(1))), at(0)).unwrap();

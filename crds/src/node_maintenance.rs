@@ -28,9 +28,9 @@ pub const WAIT_POD_COMPLETION_START_ANNOTATION: &str =
 /// `lastTransitionTime` does not mark phase starts: its timers count from here instead.
 pub const ADMITTED_TIME_ANNOTATION: &str = "maintenance.nvidia.com/admitted-time";
 /// The UID of the request this operator admitted (ours, written with the admission's finalizer).
-/// The admission is that one metadata write: a request that carries its own UID here and our
-/// finalizer is Scheduled even while its status still shows Pending (or nothing). A copy of an
-/// admitted object (another UID) is not admitted.
+/// The admission is that one metadata write: a request that carries its own UID here is
+/// Scheduled even while its status still shows Pending (or nothing). A copy of an admitted object
+/// (another UID) is not admitted.
 pub const ADMITTED_UID_ANNOTATION: &str = "maintenance.nvidia.com/admitted-uid";
 
 /// What `spec.requestorID` must match: NVIDIA's kubebuilder pattern, verbatim.
@@ -389,21 +389,18 @@ impl NodeMaintenance {
         }
     }
 
-    /// Admitted by this operator: its own UID in [`ADMITTED_UID_ANNOTATION`] and our finalizer.
+    /// Admitted by this operator: its own UID in [`ADMITTED_UID_ANNOTATION`]. Our finalizer is
+    /// written with it; one removed by hand is added again by the next step, as for any request
+    /// past Pending, and a request whose cleanup removed it stays admitted (released, not
+    /// waiting).
     pub fn admitted_by_us(&self) -> bool {
-        let own_uid = self.metadata.uid.as_deref().is_some_and(|uid| {
+        self.metadata.uid.as_deref().is_some_and(|uid| {
             self.metadata
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(ADMITTED_UID_ANNOTATION))
                 .is_some_and(|admitted| admitted == uid)
-        });
-        own_uid
-            && self
-                .metadata
-                .finalizers
-                .as_ref()
-                .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+        })
     }
 
     /// Scheduled by the admission's metadata write alone: the status does not show it (no
@@ -535,11 +532,12 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_of_an_admitted_request_or_one_without_our_finalizer_is_pending() {
+    fn a_copy_of_an_admitted_request_is_pending_and_a_released_one_stays_admitted() {
         let copy = admitted(with_ready_reason(None), "u2", "u1", true);
         assert_eq!(copy.phase(), Phase::Pending);
-        let no_finalizer = admitted(with_ready_reason(None), "u1", "u1", false);
-        assert_eq!(no_finalizer.phase(), Phase::Pending);
+        // Its cleanup removed our finalizer: it is not waiting again.
+        let released = admitted(with_ready_reason(None), "u1", "u1", false);
+        assert_eq!(released.phase(), Phase::Scheduled);
         let mut no_uid = admitted(with_ready_reason(None), "u1", "u1", true);
         no_uid.metadata.uid = None;
         assert_eq!(no_uid.phase(), Phase::Pending);

@@ -513,7 +513,10 @@ pub async fn wait_phase(
     wait_for(&what, timeout, || async {
         Ok(get_request(client, ns, name)
             .await?
-            .filter(|nm| nm.phase() == phase && nm.condition("Ready").is_some()))
+            // Pending must be written (not merely unseen); Scheduled may be the admission's alone.
+            .filter(|nm| {
+                nm.phase() == phase && (phase != Phase::Pending || nm.condition("Ready").is_some())
+            }))
     })
     .await
 }
