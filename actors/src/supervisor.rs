@@ -34,7 +34,7 @@ use maintenance_core::drainability::PreferDrainable;
 use maintenance_core::explain::{Explanations, Observed};
 use maintenance_core::lifecycle::EventReason;
 use maintenance_core::ownership::{self, NodeIdentity};
-use maintenance_core::scheduler::{self, Limits, Snapshot, WaitCause};
+use maintenance_core::scheduler::{self, Limits, NodeStates, Snapshot, WaitCause};
 
 /// Writes (initial Pending status, owner references, admissions, reasons) made concurrently in
 /// one round.
@@ -59,6 +59,8 @@ pub enum SupervisorMsg {
         attempted: Option<String>,
         outcome: AdmitOutcome,
     },
+    /// A round held back by `scheduler::round_gap` is due.
+    RoundDue,
     /// Pending writes (first status, owners, reasons) started by a round are answered, each
     /// with the resourceVersion it wrote (`None`: nothing written); the cache's events for them
     /// bring the next round.
@@ -90,6 +92,11 @@ pub struct SupervisorState {
     _watches: Vec<AbortOnDrop>,
     /// One actor per request in progress, by request UID.
     actors: HashMap<String, ActorRef<NodeMsg>>,
+    /// The scheduler's view of each node, read again only when the node changes.
+    node_states: NodeStates,
+    /// No round before this (`paced_round`); a held one is on its way when `round_held`.
+    next_round_at: Instant,
+    round_held: bool,
     /// The resourceVersion last forwarded to each actor.
     forwarded: HashMap<String, String>,
     /// Requests we admitted whose admission the cache has not shown yet: counted as in
@@ -237,6 +244,9 @@ impl Actor for Supervisor {
             _watches: vec![w1, w2, w3],
             actors: HashMap::new(),
             forwarded: HashMap::new(),
+            node_states: NodeStates::default(),
+            next_round_at: Instant::now(),
+            round_held: false,
             admitted: HashSet::new(),
             finished: HashSet::new(),
             admitting: HashSet::new(),
@@ -269,6 +279,7 @@ impl Actor for Supervisor {
             // the timer have fired a moment early by the wall clock).
             SupervisorMsg::WindowOpening => state.window_wake = None,
             SupervisorMsg::AdmissionRetryDue => state.retry_wake = None,
+            SupervisorMsg::RoundDue => state.round_held = false,
             SupervisorMsg::Admitted {
                 uid,
                 attempted,
@@ -330,7 +341,7 @@ impl Actor for Supervisor {
                 return Ok(());
             }
         }
-        round(&myself, state).await;
+        paced_round(&myself, state).await;
         Ok(())
     }
 
@@ -358,7 +369,7 @@ impl Actor for Supervisor {
                 // Its slot is free now: a round gives it to the next request.
                 if !finished.is_empty() {
                     state.finished.extend(finished);
-                    round(&myself, state).await;
+                    paced_round(&myself, state).await;
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
@@ -387,6 +398,29 @@ impl Actor for Supervisor {
         }
         Ok(())
     }
+}
+
+/// A round now, or once the gap after the last one has passed (`scheduler::round_gap`): a change
+/// that comes within the gap is held, and one round then serves every change held.
+async fn paced_round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
+    let now = Instant::now();
+    if let Some(wait) = state
+        .next_round_at
+        .checked_duration_since(now)
+        .filter(|w| !w.is_zero())
+    {
+        if !state.round_held {
+            state.round_held = true;
+            myself.send_after(wait, || SupervisorMsg::RoundDue);
+        }
+        return;
+    }
+    if state.round_held {
+        // The held round is on its way; this one serves its changes already.
+        state.round_held = false;
+    }
+    round(myself, state).await;
+    state.next_round_at = Instant::now() + scheduler::round_gap(now.elapsed());
 }
 
 /// One scheduling round: initial status for new requests, admission, and node actors in step
@@ -460,14 +494,18 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             .is_some_and(|r| r.resource_version().as_deref() == Some(attempted.as_str()))
     });
 
-    let nodes_by_name: HashMap<String, &Arc<Node>> =
-        nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let nodes_by_name: HashMap<&str, &Arc<Node>> = nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .collect();
     let policy = collection_policy(&ctx, config_spec.as_ref());
     collect_garbage(myself, state, &requests, &nodes_by_name, &policy).await;
 
     let limits = Limits::from_config(config_spec.as_ref());
-    let mut snapshot =
-        Snapshot::from_objects(nodes.iter().map(|n| &**n), requests.iter().map(|r| &**r));
+    let mut snapshot = Snapshot::from_states(
+        state.node_states.observe(nodes.iter().map(|n| &**n)),
+        requests.iter().map(|r| &**r),
+    );
     for request in &mut snapshot.requests {
         let key = (request.namespace.clone(), request.name.clone());
         let Some(uid) = by_key.get(&key).and_then(|r| r.uid()) else {
@@ -569,7 +607,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                 let attempted = request.resource_version();
                 let ctx = ctx.clone();
                 let node = nodes_by_name
-                    .get(&request.spec.node_name)
+                    .get(request.spec.node_name.as_str())
                     .map(|n| Arc::clone(n));
                 let supervisor = myself.clone();
                 let writes = tokio::spawn(async move {
@@ -606,7 +644,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             for entry in &mut waiting {
                 let key = (entry.key.namespace.clone(), entry.key.name.clone());
                 if let Some(request) = by_key.get(&key)
-                    && !nodes_by_name.contains_key(&request.spec.node_name)
+                    && !nodes_by_name.contains_key(request.spec.node_name.as_str())
                 {
                     entry.reason = collection::node_not_found_message(request, &policy);
                 }
@@ -712,7 +750,7 @@ async fn collect_garbage(
     myself: &ActorRef<SupervisorMsg>,
     state: &mut SupervisorState,
     requests: &[Arc<NodeMaintenance>],
-    nodes_by_name: &HashMap<String, &Arc<Node>>,
+    nodes_by_name: &HashMap<&str, &Arc<Node>>,
     policy: &collection::Policy,
 ) {
     let ctx = state.ctx.clone();
@@ -922,7 +960,7 @@ fn prepare_pending_requests(
     myself: &ActorRef<SupervisorMsg>,
     ctx: &Arc<Context>,
     requests: &[Arc<NodeMaintenance>],
-    nodes_by_name: &HashMap<String, &Arc<Node>>,
+    nodes_by_name: &HashMap<&str, &Arc<Node>>,
     admitted: &HashSet<String>,
     writing: &mut HashMap<String, Option<String>>,
     reasons: &HashMap<(String, String), (String, WaitCause)>,
@@ -946,7 +984,7 @@ fn prepare_pending_requests(
             .then(|| {
                 ownership::owner_references(
                     request.owner_references(),
-                    node_identity(nodes_by_name.get(&request.spec.node_name).copied()),
+                    node_identity(nodes_by_name.get(request.spec.node_name.as_str()).copied()),
                 )
             })
             .flatten();

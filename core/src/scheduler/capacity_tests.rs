@@ -19,7 +19,7 @@ fn state(name: &str, unavailable: bool) -> NodeState {
     NodeState {
         name: name.to_string(),
         unavailable,
-        labels: BTreeMap::new(),
+        labels: std::sync::Arc::default(),
     }
 }
 

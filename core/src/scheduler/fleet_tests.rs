@@ -23,10 +23,12 @@ fn node(name: &str, unavailable: bool, labels: &[(&str, &str)]) -> NodeState {
     NodeState {
         name: name.to_string(),
         unavailable,
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        labels: std::sync::Arc::new(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
     }
 }
 
