@@ -968,7 +968,7 @@ pub fn admission_annotations(
         ADMITTED_TIME_ANNOTATION.to_string(),
         conditions::admitted_time_value(now),
     )]);
-    // With our finalizer, this makes the request Scheduled (`NodeMaintenance::phase`).
+    // This makes the request Scheduled (`NodeMaintenance::phase`).
     if let Some(uid) = &request.metadata.uid {
         annotations.insert(ADMITTED_UID_ANNOTATION.to_string(), uid.clone());
     }
