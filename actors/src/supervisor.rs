@@ -415,10 +415,8 @@ async fn paced_round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorSta
         }
         return;
     }
-    if state.round_held {
-        // The held round is on its way; this one serves its changes already.
-        state.round_held = false;
-    }
+    // A held round may still be on its way; this one serves its changes already.
+    state.round_held = false;
     round(myself, state).await;
     state.next_round_at = Instant::now() + scheduler::round_gap(now.elapsed());
 }
@@ -458,39 +456,47 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             }),
     });
 
-    let by_key: HashMap<(String, String), &Arc<NodeMaintenance>> = requests
+    // Borrowed keys: a round allocates nothing per request to find one.
+    let by_key: HashMap<(&str, &str), &Arc<NodeMaintenance>> = requests
         .iter()
-        .map(|r| ((r.namespace().unwrap_or_default(), r.name_any()), r))
+        .filter_map(|r| {
+            let namespace = r.metadata.namespace.as_deref().unwrap_or_default();
+            Some(((namespace, r.metadata.name.as_deref()?), r))
+        })
         .collect();
     // The cache has caught up with admissions it now shows past Pending (or gone).
-    let pending_uids: HashSet<String> = requests
+    let pending_uids: HashSet<&str> = requests
         .iter()
         .filter(|r| r.phase() == Phase::Pending)
-        .filter_map(|r| r.uid())
+        .filter_map(|r| r.metadata.uid.as_deref())
         .collect();
-    state.admitted.retain(|uid| pending_uids.contains(uid));
+    state
+        .admitted
+        .retain(|uid| pending_uids.contains(uid.as_str()));
     // Writes the cache now shows (or whose request is gone) no longer hold their request back.
-    let cached: HashMap<String, &NodeMaintenance> = requests
+    let cached: HashMap<&str, &NodeMaintenance> = requests
         .iter()
-        .filter_map(|r| Some((r.uid()?, &**r)))
+        .filter_map(|r| Some((r.metadata.uid.as_deref()?, &**r)))
         .collect();
     // Finished requests the cache no longer shows need no memory.
-    state.finished.retain(|uid| cached.contains_key(uid));
+    state
+        .finished
+        .retain(|uid| cached.contains_key(uid.as_str()));
     state
         .writing
-        .retain(|uid, written| match (cached.get(uid), written) {
+        .retain(|uid, written| match (cached.get(uid.as_str()), written) {
             (None, _) => false,
             (Some(_), None) => true,
             (Some(request), Some(version)) => !lifecycle::shows_version(request, version),
         });
     state.admission_retries.retain(|uid, _| {
         cached
-            .get(uid)
+            .get(uid.as_str())
             .is_some_and(|r| r.phase() == Phase::Pending && !r.is_deleting())
     });
     state.stale_admissions.retain(|uid, attempted| {
         cached
-            .get(uid)
+            .get(uid.as_str())
             .is_some_and(|r| r.resource_version().as_deref() == Some(attempted.as_str()))
     });
 
@@ -507,17 +513,17 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         requests.iter().map(|r| &**r),
     );
     for request in &mut snapshot.requests {
-        let key = (request.namespace.clone(), request.name.clone());
-        let Some(uid) = by_key.get(&key).and_then(|r| r.uid()) else {
+        let key = (request.namespace.as_str(), request.name.as_str());
+        let Some(uid) = by_key.get(&key).and_then(|r| r.metadata.uid.as_deref()) else {
             continue;
         };
-        if state.admitted.contains(&uid) || state.admitting.contains(&uid) {
+        if state.admitted.contains(uid) || state.admitting.contains(uid) {
             request.phase = Phase::Scheduled;
         }
-        if state.finished.contains(&uid) {
+        if state.finished.contains(uid) {
             request.released = true;
         }
-        request.admission_retry = state.admission_retries.get(&uid).cloned();
+        request.admission_retry = state.admission_retries.get(uid).cloned();
     }
     update_phase_gauge(&ctx, &requests);
     let mut prefer = PreferDrainable::from_config(config_spec.as_ref());
@@ -525,8 +531,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         let unadmitted: Vec<Arc<NodeMaintenance>> = requests
             .iter()
             .filter(|r| {
-                r.uid().is_none_or(|uid| {
-                    !state.admitted.contains(&uid) && !state.admitting.contains(&uid)
+                r.metadata.uid.as_deref().is_none_or(|uid| {
+                    !state.admitted.contains(uid) && !state.admitting.contains(uid)
                 })
             })
             .cloned()
@@ -589,7 +595,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                 .iter()
                 .filter_map(|key| {
                     by_key
-                        .get(&(key.namespace.clone(), key.name.clone()))
+                        .get(&(key.namespace.as_str(), key.name.as_str()))
                         .map(|r| Arc::clone(r))
                 })
                 .collect();
@@ -642,7 +648,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             // A request for a node that does not exist says when it will be collected.
             let mut waiting = decision.waiting;
             for entry in &mut waiting {
-                let key = (entry.key.namespace.clone(), entry.key.name.clone());
+                let key = (entry.key.namespace.as_str(), entry.key.name.as_str());
                 if let Some(request) = by_key.get(&key)
                     && !nodes_by_name.contains_key(request.spec.node_name.as_str())
                 {
@@ -845,13 +851,13 @@ fn explain_waiting(
     explanations: &mut Explanations<String>,
     writing: &mut HashMap<String, Option<String>>,
     limits: &Limits,
-    by_key: &HashMap<(String, String), &Arc<NodeMaintenance>>,
+    by_key: &HashMap<(&str, &str), &Arc<NodeMaintenance>>,
     waiting: &[scheduler::Waiting],
 ) {
     let mut observed: Vec<Observed<'_, String>> = Vec::new();
     let mut by_uid: HashMap<String, (&Arc<NodeMaintenance>, &str)> = HashMap::new();
     for entry in waiting {
-        let key = (entry.key.namespace.clone(), entry.key.name.clone());
+        let key = (entry.key.namespace.as_str(), entry.key.name.as_str());
         let Some(request) = by_key.get(&key) else {
             continue;
         };
@@ -978,7 +984,7 @@ fn prepare_pending_requests(
         {
             continue;
         }
-        let is_new = is_new(request);
+        let is_new = lifecycle::never_marked_pending(request);
         let created = request.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let owners = ownership::pending_owner_due(created, now)
             .then(|| {
@@ -1031,13 +1037,6 @@ fn prepare_pending_requests(
         ctx,
     );
     explained
-}
-
-/// No Ready condition, or NVIDIA's uninitialized empty reason: never marked Pending yet.
-fn is_new(request: &NodeMaintenance) -> bool {
-    request
-        .condition(condition_type::READY)
-        .is_none_or(|c| c.reason.is_empty())
 }
 
 /// The node as ownership needs it; `None` while it is not in the cache (or has no UID yet).

@@ -984,17 +984,21 @@ pub fn admission_annotations(
     annotations
 }
 
+/// No Ready condition, or NVIDIA's uninitialized empty reason: the request was never marked
+/// Pending, so its first status write (or its admission) reports New -> Pending.
+pub fn never_marked_pending(request: &NodeMaintenance) -> bool {
+    request
+        .condition(condition_type::READY)
+        .is_none_or(|c| c.reason.is_empty())
+}
+
 /// The phase changes an admission reports (metrics, log, Events), though it writes no status:
 /// its metadata write alone makes the request Scheduled. A request never marked Pending passes
 /// through Pending first, as NVIDIA's operator shows every request (with its Event), at once.
 pub fn admission_transitions(request: &NodeMaintenance, now: Timestamp) -> Vec<Transition> {
     let mut transitions = Vec::new();
     let mut pending = request.clone();
-    if request.phase() == Phase::Pending
-        && request
-            .condition(condition_type::READY)
-            .is_none_or(|c| c.reason.is_empty())
-    {
+    if request.phase() == Phase::Pending && never_marked_pending(request) {
         let write = enter_phase(
             request,
             Phase::Pending,

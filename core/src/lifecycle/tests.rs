@@ -632,6 +632,22 @@ fn the_admission_reports_pending_first_for_a_new_request_then_scheduled() {
     assert_eq!(waited[0].in_phase_for, Some(Duration::from_secs(5)));
 }
 
+/// "Never marked Pending" is one test for the admission's transitions and the supervisor's
+/// first Pending write: no status, or NVIDIA's uninitialized Ready condition with no reason.
+#[test]
+fn a_request_with_no_ready_reason_was_never_marked_pending() {
+    let mut new = request(Phase::Pending);
+    new.status = None;
+    assert!(never_marked_pending(&new));
+    let mut uninitialized = request(Phase::Pending);
+    for condition in &mut uninitialized.status.as_mut().expect("status").conditions {
+        condition.reason.clear();
+    }
+    assert!(never_marked_pending(&uninitialized));
+    assert!(!never_marked_pending(&request(Phase::Pending)));
+    assert!(!never_marked_pending(&request(Phase::Draining)));
+}
+
 /// The admission's initial state comes from the cache only when the cache shows the node
 /// schedulable: a cordon in the cache may be a released request's, not yet uncordoned there, and
 /// recorded as the initial state it would never be undone.
