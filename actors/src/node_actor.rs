@@ -334,11 +334,11 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
             }
         }
     }
-    let pods: Option<Vec<Pod>> = state.pods.as_ref().and_then(|watch| {
+    let pods: Option<Vec<Arc<Pod>>> = state.pods.as_ref().and_then(|watch| {
         watch
             .synced
             .load(Ordering::Acquire)
-            .then(|| watch.store.state().iter().map(|p| (**p).clone()).collect())
+            .then(|| watch.store.state())
     });
     let pdb_summaries: BTreeMap<String, String> = state
         .ledger

@@ -21,6 +21,7 @@
 //! Everything here is pure: the node actor calls it on every pod change, and a spec change (say,
 //! `force` turned on) takes effect by building new `DrainRules`.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -461,12 +462,14 @@ pub struct DrainPlan {
     pub skipped: Vec<(PodRef, SkipReason)>,
 }
 
-pub fn plan(rules: &DrainRules, pods: &[Pod]) -> DrainPlan {
+/// Over pods or shared pods (`Arc<Pod>` from a watch cache, not copied for each step).
+pub fn plan<P: Borrow<Pod>>(rules: &DrainRules, pods: &[P]) -> DrainPlan {
     let mut out = DrainPlan {
         total_pods: pods.len(),
         ..DrainPlan::default()
     };
     for pod in pods {
+        let pod = pod.borrow();
         let pod_ref = PodRef::from_pod(pod);
         match classify(rules, pod) {
             PodDisposition::Evict => out.to_evict.push(pod_ref),
@@ -516,9 +519,10 @@ impl CompletionRules {
 /// DaemonSet and mirror pods are never waited for: they run for the life of the node, so waiting
 /// would always end in the timeout (or forever with `timeoutSeconds: 0`), and the drain leaves them
 /// in place anyway.
-pub fn pods_to_wait_for(rules: &CompletionRules, pods: &[Pod]) -> Vec<PodRef> {
+pub fn pods_to_wait_for<P: Borrow<Pod>>(rules: &CompletionRules, pods: &[P]) -> Vec<PodRef> {
     let mut out: Vec<PodRef> = pods
         .iter()
+        .map(Borrow::borrow)
         .filter(|pod| {
             rules.pod_selector.matches(pod.metadata.labels.as_ref())
                 && !is_finished(pod)
@@ -1020,7 +1024,7 @@ mod tests {
 
     #[test]
     fn plan_of_no_pods_is_empty() {
-        let p = plan(&rules(&spec()), &[]);
+        let p = plan::<Pod>(&rules(&spec()), &[]);
         assert_eq!(p, DrainPlan::default());
     }
 

@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
@@ -87,7 +88,8 @@ impl NodeView {
 pub struct Observed<'a> {
     pub node: NodeView,
     /// The pods bound to the node; `None` until the pod watch has listed them once.
-    pub pods: Option<&'a [Pod]>,
+    /// Shared with the node's pod cache: a step copies no pod.
+    pub pods: Option<&'a [Arc<Pod>]>,
     /// The last known state of PDBs named in the ledger, `namespace/name` -> a summary such as
     /// `currentHealthy 9, desiredHealthy 9, disruptionsAllowed 0, expectedPods 10`.
     pub pdb_summaries: &'a BTreeMap<String, String>,
@@ -1311,7 +1313,7 @@ fn on_draining(
     // Pods we evicted that still exist with the same UID are still terminating: wait for them.
     let live: BTreeMap<String, &Pod> = pods
         .iter()
-        .map(|p| (PodRef::from_pod(p).key(), p))
+        .map(|p| (PodRef::from_pod(p).key(), &**p))
         .collect();
     ledger.evictions.retain(|key, e| {
         live.get(key)

@@ -3,6 +3,7 @@
 //! node gone, timeouts, a restart with the state only on the object).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -132,9 +133,10 @@ fn run_with(
 ) -> Step {
     let summaries = BTreeMap::new();
     let operator = OperatorIdentity::new("maintenance-operator", None);
+    let pods: Option<Vec<Arc<Pod>>> = pods.map(|pods| pods.iter().cloned().map(Arc::new).collect());
     let observed = Observed {
         node,
-        pods,
+        pods: pods.as_deref(),
         pdb_summaries: &summaries,
         operator: &operator,
     };
