@@ -6,6 +6,8 @@
 //!   bandwidth-limited link; every connection reset a few seconds after it opens;
 //! - HTTP faults from the testbed's faultproxy: 5% of requests answered 500 (half of them after
 //!   the API server did the work) or 429 with Retry-After, every watch cut every few seconds;
+//!   and, on a small cluster of its own, every admission applied but answered 500 while the
+//!   operator's watches lag 1 s;
 //! - kube-apiserver stopped for 20 s mid-drain and started again; etcd restarted mid-drain;
 //! - the leader partitioned from the API server mid-drain: the standby takes over, and the audit
 //!   log shows no write of the old leader after the new leader's first write.
@@ -766,6 +768,113 @@ async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
         "ready {:.1}s after the start ({delayed} lists held {LIST_DELAY:?} each); still leading \
          {hold_for:?} later",
         synced_after.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// An admission whose answer is lost keeps its slot: the API server applied the write and
+/// answered 500, and the operator's cache, a second behind, still shows the request Pending. The
+/// supervisor took the 500 for "not admitted" and gave the slot to the next request, which was
+/// admitted beside it (the five-percent run above saw six nodes in maintenance with
+/// maxParallelOperations 5). Now the request is read back (`lifecycle::admission_read_back`) and
+/// counts as admitted until it is. Here, with maxParallelOperations 1, one request holds the slot
+/// while three wait (their Pending written and cached, so an admission is not refused as stale);
+/// then every PATCH of a NodeMaintenance itself (not of its status) is applied and answered 500,
+/// every watch of the operator lags 1 s, and the holder is released.
+#[tokio::test]
+async fn an_admission_whose_answer_is_lost_keeps_its_slot() -> Result<()> {
+    const REQUESTS: usize = 4;
+    let _turn = SERIAL.lock().await;
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(&client, Some(limits(1, 1))).await?;
+    let nodes = create_nodes(&client, &unique_name("lost"), REQUESTS, &[]).await?;
+    wait_nodes_ready(&client, &nodes, SETUP).await?;
+    let ns = unique_name("lost");
+    create_namespace(&client, &ns).await?;
+    let (direct, user) = operator_account(&testbed, "lost-answer").await?;
+    let mut proxy = FaultProxy::start(&testbed, &direct).await?;
+    let kubeconfig = testbed.dir().join("operator-lost-answer.kubeconfig");
+    proxy.write_kubeconfig(&direct, &kubeconfig)?;
+    let _operator = Operator::start_with_kubeconfig(&kubeconfig, testbed.dir(), &[]).await?;
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes)
+            .operator_user(&user)
+            .check_limits(true),
+    )
+    .await?;
+    let names: Vec<String> = (0..REQUESTS).map(|i| format!("m{i}")).collect();
+    for (name, node) in names.iter().zip(&nodes) {
+        create_request(&client, &ns, name, request_spec(node, REQUESTOR)).await?;
+        if name == &names[0] {
+            wait_phase(&client, &ns, name, Phase::Ready, SETUP).await?;
+        }
+    }
+    for name in &names[1..] {
+        wait_phase(&client, &ns, name, Phase::Pending, SETUP).await?;
+    }
+
+    proxy
+        .set(&HttpFaults {
+            error_rate: 1.0,
+            codes: vec![500],
+            lost_answer_share: 1.0,
+            only_method: "PATCH".to_string(),
+            only_path_matching: "/nodemaintenances/[^/]+$".to_string(),
+            watch_delay_ms: 1000,
+            ..HttpFaults::default()
+        })
+        .await?;
+    // The watches opened again from here on lag.
+    proxy.cut_watches().await?;
+    delete_request(&client, &ns, &names[0]).await?;
+    let next = wait_for("another request to become Ready", SETUP, || async {
+        Ok(list_requests(&client, &ns)
+            .await?
+            .into_iter()
+            .find(|r| r.phase() == Phase::Ready && r.name_any() != names[0]))
+    })
+    .await?;
+    let stats = proxy.stats().await?;
+    ensure!(
+        stats.lost_answers > 0,
+        "precondition: no admission's answer was lost ({stats:?})"
+    );
+    let requests = list_requests(&client, &ns).await?;
+    let admitted: Vec<String> = requests
+        .iter()
+        .filter(|r| r.phase() != Phase::Pending && r.name_any() != names[0])
+        .map(|r| format!("{}: {}", r.name_any(), describe(r)))
+        .collect();
+    ensure!(
+        admitted.len() == 1,
+        "maxParallelOperations is 1 and {} holds the slot, yet {} requests are past Pending: \
+         {admitted:?}",
+        next.name_any(),
+        admitted.len()
+    );
+    monitor.check()?;
+
+    proxy.clear().await?;
+    let cluster = Cluster {
+        testbed,
+        client,
+        ns,
+        nodes,
+    };
+    release_everything(&cluster).await?;
+    for node in &cluster.nodes {
+        ensure!(
+            !node_unschedulable(&cluster.client, node).await?,
+            "node {node} is still cordoned after every request was released"
+        );
+    }
+    let report = monitor.finish().await?;
+    ensure!(
+        report.admissions >= REQUESTS,
+        "the monitor saw {} admissions for {REQUESTS} requests",
+        report.admissions
     );
     Ok(())
 }

@@ -77,8 +77,9 @@ pub enum AdmitOutcome {
     /// The request changed or went away meanwhile (conflict, not found): the cache is behind,
     /// and a round decides again once it shows the request's next version.
     Changed,
-    /// Another error (logged and counted), as the request's Pending message will quote it: the
-    /// request backs off ([`scheduler::admission_retry_delay`]) and the next one takes its slot.
+    /// Refused, or its answer lost and the request read back unchanged: nothing was written.
+    /// The error (logged and counted) is quoted in the request's Pending message; the request
+    /// backs off ([`scheduler::admission_retry_delay`]) and the next one takes its slot.
     Failed { error: String },
 }
 
@@ -616,20 +617,17 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
                     .get(request.spec.node_name.as_str())
                     .map(|n| Arc::clone(n));
                 let supervisor = myself.clone();
+                let version = attempted.clone();
                 let writes = tokio::spawn(async move {
-                    match admit(&ctx, &request, node.as_ref()).await {
-                        Ok(written) => AdmitOutcome::Done(Arc::new(written)),
-                        Err(err) if is_conflict(&err) || is_not_found(&err) => {
-                            AdmitOutcome::Changed
-                        }
-                        Err(err) => {
-                            tracing::warn!(request = %request.key(), %err, "could not admit request; will retry");
-                            ctx.error("admit");
-                            AdmitOutcome::Failed {
-                                error: api_message(&err),
-                            }
+                    let outcome = admit(&ctx, &request, node.as_ref(), version.as_deref()).await;
+                    if let AdmitOutcome::Done(admitted) = &outcome {
+                        for transition in
+                            lifecycle::admission_transitions(&request, jiff::Timestamp::now())
+                        {
+                            ctx.record_transition(admitted, &transition);
                         }
                     }
+                    outcome
                 });
                 // Answered whatever happens to the writes (even a panic), or the request would
                 // hold its slot for good.
@@ -1077,7 +1075,72 @@ async fn set_owners(
 /// step can cordon at once. No status write: the object shows the request Scheduled
 /// (`NodeMaintenance::phase`), and the node actor's next phase is the first status it writes.
 /// The phase changes are reported all the same (Events, metrics).
+/// Admits `request` (built on resourceVersion `attempted`). A write whose answer was lost (a
+/// server error, no answer) may have been applied: the request is read back before the outcome
+/// is told, and until it is told the request counts as admitted, so its slot is never given to
+/// another request beside it.
 async fn admit(
+    ctx: &Context,
+    request: &NodeMaintenance,
+    node: Option<&Arc<Node>>,
+    attempted: Option<&str>,
+) -> AdmitOutcome {
+    let err = match write_admission(ctx, request, node).await {
+        Ok(written) => return AdmitOutcome::Done(Arc::new(written)),
+        Err(err) => err,
+    };
+    let status = match &err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    };
+    let failed = |ctx: &Context, err: &kube::Error| {
+        tracing::warn!(request = %request.key(), %err, "could not admit request; will retry");
+        ctx.error("admit");
+        AdmitOutcome::Failed {
+            error: api_message(err),
+        }
+    };
+    match lifecycle::admission_failure(status) {
+        lifecycle::AdmissionFailure::Stale => AdmitOutcome::Changed,
+        lifecycle::AdmissionFailure::Refused => failed(ctx, &err),
+        lifecycle::AdmissionFailure::OutcomeUnknown => {
+            tracing::info!(request = %request.key(), %err, "the admission's answer was lost; reading the request back");
+            let read = read_back(ctx, request).await;
+            match lifecycle::admission_read_back(attempted, read.as_ref()) {
+                lifecycle::AdmissionReadBack::NotApplied => failed(ctx, &err),
+                lifecycle::AdmissionReadBack::Stale => AdmitOutcome::Changed,
+                lifecycle::AdmissionReadBack::Applied => match read {
+                    Some(admitted) => AdmitOutcome::Done(Arc::new(admitted)),
+                    None => AdmitOutcome::Changed,
+                },
+            }
+        }
+    }
+}
+
+/// The request as the API server shows it now (`None`: gone), read until it answers: the
+/// request keeps its slot meanwhile, which is safe, whereas a guess is not.
+async fn read_back(ctx: &Context, request: &NodeMaintenance) -> Option<NodeMaintenance> {
+    use backon::Retryable;
+    let api: Api<NodeMaintenance> =
+        Api::namespaced(ctx.client.clone(), &request.namespace().unwrap_or_default());
+    let name = request.name_any();
+    let schedule = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times();
+    (|| api.get_opt(&name))
+        .retry(schedule)
+        .notify(|err, after| {
+            tracing::warn!(request = %request.key(), %err, retry_in = ?after, "cannot read the request back after its admission's answer was lost; it keeps its slot meanwhile");
+        })
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn write_admission(
     ctx: &Context,
     request: &NodeMaintenance,
     node: Option<&Arc<Node>>,
@@ -1115,17 +1178,12 @@ async fn admit(
             "annotations": annotations,
         }
     });
-    let admitted = api
-        .patch(
-            &request.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
-    for transition in lifecycle::admission_transitions(request, now) {
-        ctx.record_transition(&admitted, &transition);
-    }
-    Ok(admitted)
+    api.patch(
+        &request.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
 }
 
 /// Keeps one node actor per request in progress and forwards each new version to it.

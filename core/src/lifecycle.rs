@@ -1015,6 +1015,65 @@ pub fn admission_transitions(request: &NodeMaintenance, now: Timestamp) -> Vec<T
     transitions
 }
 
+/// What an admission write that did not succeed leaves known. The supervisor counts a request as
+/// in maintenance from its decision until this is settled: a write that may have been applied
+/// must keep its slot, or the next request is admitted beside it and the limits are exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionFailure {
+    /// The request changed or went away since the version the write was guarded by (409, 404):
+    /// nothing was written, and the cache is behind.
+    Stale,
+    /// The API server refused the write (a webhook's denial, missing RBAC, throttling):
+    /// nothing was written.
+    Refused,
+    /// No answer, a timeout or a server error: the API server may have applied the write and
+    /// lost its answer. Read the request back before giving its slot away.
+    OutcomeUnknown,
+}
+
+/// Classifies a failed admission write by the HTTP status the API server answered (`None`: no
+/// answer, a transport error or a timeout).
+pub fn admission_failure(status: Option<u16>) -> AdmissionFailure {
+    match status {
+        Some(404 | 409) => AdmissionFailure::Stale,
+        // 408: the server gave up waiting, perhaps after the write was stored.
+        Some(code) if (400..500).contains(&code) && code != 408 => AdmissionFailure::Refused,
+        _ => AdmissionFailure::OutcomeUnknown,
+    }
+}
+
+/// What reading a request back tells of an admission write whose outcome was unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionReadBack {
+    /// Still at the version the write was guarded by: the write was not applied, and the
+    /// request backs off like one whose write was refused.
+    NotApplied,
+    /// Admitted (by our write: only we admit): the read is the admitted request.
+    Applied,
+    /// Changed by another's write, or gone (an applied admission's finalizer would keep it):
+    /// ours was not applied, and the cache is behind, as after a conflict.
+    Stale,
+}
+
+/// `attempted`: the resourceVersion the admission's patch was guarded by; `read`: the request as
+/// the API server shows it now (`None`: gone). The read follows the failed write, so the API
+/// server has finished with the write by then (its own request timeout is shorter than ours).
+pub fn admission_read_back(
+    attempted: Option<&str>,
+    read: Option<&NodeMaintenance>,
+) -> AdmissionReadBack {
+    let Some(read) = read else {
+        return AdmissionReadBack::Stale;
+    };
+    if read.phase() != Phase::Pending {
+        AdmissionReadBack::Applied
+    } else if attempted.is_some() && read.metadata.resource_version.as_deref() == attempted {
+        AdmissionReadBack::NotApplied
+    } else {
+        AdmissionReadBack::Stale
+    }
+}
+
 /// After a failed step: a request that only its admission shows Scheduled gets Scheduled written
 /// with `error`, or its status would stay blank (or keep the reason it waited for) while the
 /// step is retried. Any other status is left as it is: the step writes its own.

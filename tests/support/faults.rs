@@ -410,8 +410,16 @@ pub struct HttpFaults {
     pub retry_after_seconds: u32,
     /// Fraction of the 500s given after the API server did the work (the answer is lost).
     pub lost_answer_share: f64,
+    /// Errors only for requests of this method (empty: any) ...
+    pub only_method: String,
+    /// ... whose path matches this regular expression (empty: any): one kind of write fails,
+    /// the rest go through.
+    pub only_path_matching: String,
     /// Cut every open watch this often (0: never).
     pub cut_watches_every_ms: u64,
+    /// Every event of a watch opened from then on reaches the client this much later (0: at
+    /// once): the client's cache lags behind the API server.
+    pub watch_delay_ms: u64,
     /// Hold every paged LIST (the watchers' first lists) this long before forwarding it.
     pub list_delay_ms: u64,
 }

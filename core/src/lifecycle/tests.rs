@@ -650,6 +650,80 @@ fn a_request_with_no_ready_reason_was_never_marked_pending() {
     assert!(!never_marked_pending(&request(Phase::Draining)));
 }
 
+/// A 500 (or no answer) may come after the API server stored the admission: such a failure
+/// must be read back, never taken as "not admitted" (the e2e_faults run with lost answers
+/// admitted a sixth request beside five with maxParallelOperations 5). Refusals and conflicts
+/// wrote nothing.
+#[test]
+fn an_admission_answered_with_a_server_error_or_nothing_may_have_been_applied() {
+    for code in [500, 502, 503, 504, 408] {
+        assert_eq!(
+            admission_failure(Some(code)),
+            AdmissionFailure::OutcomeUnknown,
+            "{code}"
+        );
+    }
+    assert_eq!(admission_failure(None), AdmissionFailure::OutcomeUnknown);
+    for code in [400, 401, 403, 422, 429] {
+        assert_eq!(
+            admission_failure(Some(code)),
+            AdmissionFailure::Refused,
+            "{code}"
+        );
+    }
+    for code in [404, 409] {
+        assert_eq!(
+            admission_failure(Some(code)),
+            AdmissionFailure::Stale,
+            "{code}"
+        );
+    }
+}
+
+/// Read back, a request past Pending was admitted by the write whose answer was lost; one still
+/// at the guarded version was not; one changed by another write, or gone, is stale.
+#[test]
+fn a_request_read_back_after_a_lost_answer_says_whether_it_was_admitted() {
+    let at_version = |mut nm: NodeMaintenance, version: &str| {
+        nm.metadata.resource_version = Some(version.to_string());
+        nm
+    };
+    let admitted = at_version(request(Phase::Scheduled), "8");
+    assert_eq!(
+        admission_read_back(Some("7"), Some(&admitted)),
+        AdmissionReadBack::Applied
+    );
+    // The admission's own write: metadata only, the status still Pending.
+    let mut admitted_by_metadata = at_version(request(Phase::Pending), "8");
+    admitted_by_metadata
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ADMITTED_UID_ANNOTATION.to_string(), "uid-1".to_string());
+    assert_eq!(
+        admission_read_back(Some("7"), Some(&admitted_by_metadata)),
+        AdmissionReadBack::Applied
+    );
+    let untouched = at_version(request(Phase::Pending), "7");
+    assert_eq!(
+        admission_read_back(Some("7"), Some(&untouched)),
+        AdmissionReadBack::NotApplied
+    );
+    let edited = at_version(request(Phase::Pending), "8");
+    assert_eq!(
+        admission_read_back(Some("7"), Some(&edited)),
+        AdmissionReadBack::Stale
+    );
+    assert_eq!(
+        admission_read_back(Some("7"), None),
+        AdmissionReadBack::Stale
+    );
+    assert_eq!(
+        admission_read_back(None, Some(&untouched)),
+        AdmissionReadBack::Stale
+    );
+}
+
 /// The admission's initial state comes from the cache only when the cache shows the node
 /// schedulable: a cordon in the cache may be a released request's, not yet uncordoned there, and
 /// recorded as the initial state it would never be undone.

@@ -46,6 +46,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -66,8 +67,16 @@ type Faults struct {
 	// Fraction (0..1) of the injected 500s given after forwarding the request: the API server
 	// applied it and the client never learns.
 	LostAnswerShare float64 `json:"lostAnswerShare"`
+	// Only requests of this method (empty: any) whose path matches the regular expression
+	// OnlyPathMatching (empty: any) are answered with errors: one kind of write can fail while
+	// the rest go through.
+	OnlyMethod       string `json:"onlyMethod"`
+	OnlyPathMatching string `json:"onlyPathMatching"`
 	// Cut every open watch this often (0: never).
 	CutWatchesEveryMs int `json:"cutWatchesEveryMs"`
+	// Every event of a watch opened from now on reaches the client this much later than the API
+	// server sent it (0: at once): the client's cache lags, as behind a busy API server.
+	WatchDelayMs int `json:"watchDelayMs"`
 	// Hold every paged LIST (a GET with a limit parameter, as the watchers' first lists are)
 	// this long before forwarding it: a big cluster's slow first sync, while the small calls
 	// (leases, single objects, writes) go through at once.
@@ -92,6 +101,7 @@ type proxy struct {
 
 	mu        sync.Mutex
 	faults    Faults
+	onlyPath  *regexp.Regexp // faults.OnlyPathMatching, compiled (nil: any path)
 	stats     Stats
 	watches   map[uint64]context.CancelFunc
 	nextWatch uint64
@@ -191,12 +201,17 @@ type verdict struct {
 	lostAnswer bool
 }
 
-func (p *proxy) decide() verdict {
+func (p *proxy) appliesTo(r *http.Request) bool {
+	return (p.faults.OnlyMethod == "" || r.Method == p.faults.OnlyMethod) &&
+		(p.onlyPath == nil || p.onlyPath.MatchString(r.URL.Path))
+}
+
+func (p *proxy) decide(r *http.Request) verdict {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stats.Requests++
 	f := p.faults
-	if f.ErrorRate <= 0 || len(f.Codes) == 0 || p.rng.Float64() >= f.ErrorRate {
+	if f.ErrorRate <= 0 || len(f.Codes) == 0 || !p.appliesTo(r) || p.rng.Float64() >= f.ErrorRate {
 		return verdict{}
 	}
 	code := f.Codes[p.rng.IntN(len(f.Codes))]
@@ -220,7 +235,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	v := p.decide()
+	v := p.decide(r)
 	switch {
 	case v.code == 0:
 		p.reverse.ServeHTTP(w, r)
@@ -260,6 +275,7 @@ func (p *proxy) serveWatch(w http.ResponseWriter, r *http.Request) {
 	p.nextWatch++
 	p.watches[id] = cancel
 	p.stats.Watches++
+	delay := time.Duration(p.faults.WatchDelayMs) * time.Millisecond
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
@@ -267,9 +283,62 @@ func (p *proxy) serveWatch(w http.ResponseWriter, r *http.Request) {
 		p.mu.Unlock()
 		cancel()
 	}()
+	if delay > 0 {
+		delayed := newDelayedWriter(ctx, w, delay)
+		defer delayed.close()
+		w = delayed
+	}
 	// A cut makes the copy fail; ReverseProxy then aborts the response (http.ErrAbortHandler),
 	// which the client sees as a broken stream (HTTP/2 stream reset or a closed connection).
 	p.reverse.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// delayedWriter passes a watch's bytes on `delay` after they came, each chunk at its own time
+// (a constant lag, not a backlog that grows with the events), flushing each.
+type delayedWriter struct {
+	http.ResponseWriter
+	delay  time.Duration
+	chunks chan delayedChunk
+	done   chan struct{}
+}
+
+type delayedChunk struct {
+	due  time.Time
+	data []byte
+}
+
+func newDelayedWriter(ctx context.Context, w http.ResponseWriter, delay time.Duration) *delayedWriter {
+	d := &delayedWriter{ResponseWriter: w, delay: delay, chunks: make(chan delayedChunk, 4096), done: make(chan struct{})}
+	flush := http.NewResponseController(w)
+	go func() {
+		defer close(d.done)
+		for c := range d.chunks {
+			select {
+			case <-time.After(time.Until(c.due)):
+			case <-ctx.Done():
+				return
+			}
+			if _, err := w.Write(c.data); err != nil {
+				return
+			}
+			_ = flush.Flush()
+		}
+	}()
+	return d
+}
+
+func (d *delayedWriter) Write(b []byte) (int, error) {
+	d.chunks <- delayedChunk{due: time.Now().Add(d.delay), data: append([]byte(nil), b...)}
+	return len(b), nil
+}
+
+// Flush is the writer goroutine's, after each chunk.
+func (d *delayedWriter) Flush() {}
+
+// close waits until every chunk is passed on (or the watch is cut).
+func (d *delayedWriter) close() {
+	close(d.chunks)
+	<-d.done
 }
 
 func (p *proxy) cutWatches() int {
@@ -348,8 +417,17 @@ func (p *proxy) controlHandler() http.Handler {
 			http.Error(w, "faults: "+err.Error(), http.StatusBadRequest)
 			return
 		}
+		var onlyPath *regexp.Regexp
+		if f.OnlyPathMatching != "" {
+			var err error
+			if onlyPath, err = regexp.Compile(f.OnlyPathMatching); err != nil {
+				http.Error(w, "faults: onlyPathMatching: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+		}
 		p.mu.Lock()
 		p.faults = f
+		p.onlyPath = onlyPath
 		p.nextCut = time.Now().Add(time.Duration(f.CutWatchesEveryMs) * time.Millisecond)
 		p.mu.Unlock()
 		writeJSON(w, f)
@@ -380,8 +458,8 @@ func (f Faults) validate() error {
 			return fmt.Errorf("code %d: only 429 and 500 are injected", c)
 		}
 	}
-	if f.CutWatchesEveryMs < 0 || f.RetryAfterSeconds < 0 || f.ListDelayMs < 0 {
-		return errors.New("cutWatchesEveryMs, retryAfterSeconds and listDelayMs cannot be negative")
+	if f.CutWatchesEveryMs < 0 || f.RetryAfterSeconds < 0 || f.ListDelayMs < 0 || f.WatchDelayMs < 0 {
+		return errors.New("cutWatchesEveryMs, retryAfterSeconds, listDelayMs and watchDelayMs cannot be negative")
 	}
 	return nil
 }
