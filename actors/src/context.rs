@@ -263,14 +263,22 @@ fn status_patch(status: &NodeMaintenanceStatus) -> serde_json::Value {
     value
 }
 
+/// The HTTP status the API server answered with (`None`: no answer, a transport error).
+pub fn api_status_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
 /// True when a kube error is a 409 Conflict (our copy of the object was stale).
 pub fn is_conflict(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(s) if s.code == 409)
+    api_status_code(err) == Some(409)
 }
 
 /// True when a kube error is a 404 Not Found.
 pub fn is_not_found(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(s) if s.code == 404)
+    api_status_code(err) == Some(404)
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use maintenance_core::lifecycle;
 
-use crate::context::{Context, is_conflict, is_not_found};
+use crate::context::{Context, api_status_code, is_conflict, is_not_found};
 use crate::evictor::EvictionRate;
 use crate::metrics::BudgetSample;
 use crate::node_actor::{MAINTENANCE_FINISHED, NodeActor, NodeArgs, NodeMsg};
@@ -1069,16 +1069,11 @@ async fn set_owners(
     .await
 }
 
-/// Pending -> Scheduled in one metadata write, which is the admission: the finalizer, the node
-/// as owner and the admission's annotations (the node's initial state and the request's UID
-/// among them), so cleanup is guaranteed, deleting the node removes the request, and the first
-/// step can cordon at once. No status write: the object shows the request Scheduled
-/// (`NodeMaintenance::phase`), and the node actor's next phase is the first status it writes.
-/// The phase changes are reported all the same (Events, metrics).
-/// Admits `request` (built on resourceVersion `attempted`). A write whose answer was lost (a
-/// server error, no answer) may have been applied: the request is read back before the outcome
-/// is told, and until it is told the request counts as admitted, so its slot is never given to
-/// another request beside it.
+/// Admits `request` (built on resourceVersion `attempted`) with [`write_admission`]. A write
+/// whose answer was lost (a server error, no answer) may have been applied: the request is read
+/// back before the outcome is told, and until it is told the request counts as admitted, so its
+/// slot is never given to another request beside it. The caller reports the phase changes of a
+/// `Done` (Events, metrics).
 async fn admit(
     ctx: &Context,
     request: &NodeMaintenance,
@@ -1089,10 +1084,6 @@ async fn admit(
         Ok(written) => return AdmitOutcome::Done(Arc::new(written)),
         Err(err) => err,
     };
-    let status = match &err {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
-    };
     let failed = |ctx: &Context, err: &kube::Error| {
         tracing::warn!(request = %request.key(), %err, "could not admit request; will retry");
         ctx.error("admit");
@@ -1100,7 +1091,7 @@ async fn admit(
             error: api_message(err),
         }
     };
-    match lifecycle::admission_failure(status) {
+    match lifecycle::admission_failure(api_status_code(&err)) {
         lifecycle::AdmissionFailure::Stale => AdmitOutcome::Changed,
         lifecycle::AdmissionFailure::Refused => failed(ctx, &err),
         lifecycle::AdmissionFailure::OutcomeUnknown => {
@@ -1140,6 +1131,11 @@ async fn read_back(ctx: &Context, request: &NodeMaintenance) -> Option<NodeMaint
         .flatten()
 }
 
+/// Pending -> Scheduled in one metadata write, which is the admission: the finalizer, the node
+/// as owner and the admission's annotations (the node's initial state and the request's UID
+/// among them), so cleanup is guaranteed, deleting the node removes the request, and the first
+/// step can cordon at once. No status write: the object shows the request Scheduled
+/// (`NodeMaintenance::phase`), and the node actor's next phase is the first status it writes.
 async fn write_admission(
     ctx: &Context,
     request: &NodeMaintenance,
