@@ -292,7 +292,13 @@ async fn the_api_server_refuses_a_requestor_id_nvidia_refuses() -> Result<()> {
             .await
             .with_context(|| format!("requestorID {requestor:?} must be accepted"))?;
         delete_request(&client, &ns, &nm.name_any()).await?;
+        wait_request_gone(&client, &ns, &nm.name_any(), WAIT).await?;
     }
+    ensure!(
+        !node_unschedulable(&client, &nodes[0]).await?,
+        "{} is still cordoned once every request on it is gone",
+        nodes[0]
+    );
     monitor.finish().await?;
     Ok(())
 }

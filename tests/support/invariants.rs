@@ -1192,10 +1192,10 @@ impl InvariantMonitor {
             })
             .collect();
         let lp = ListParams::default();
-        let nodes = Api::<Node>::all(self.client.clone())
-            .list(&lp)
-            .await
-            .context("the invariant monitor listing nodes")?;
+        // Requests before nodes: the operator uncordons a node before it removes its finalizer,
+        // so a request this list shows gone has its uncordon in the node list taken after it.
+        // Listed the other way round, a node listed still cordoned whose request is gone by the
+        // second list reads as "left cordoned" whenever the node watch lags behind (CI saw it).
         let requests_api: Api<NodeMaintenance> = if self.rules.check_limits {
             Api::all(self.client.clone())
         } else {
@@ -1205,6 +1205,10 @@ impl InvariantMonitor {
             .list(&lp)
             .await
             .context("the invariant monitor listing NodeMaintenances")?;
+        let nodes = Api::<Node>::all(self.client.clone())
+            .list(&lp)
+            .await
+            .context("the invariant monitor listing nodes")?;
         let pdbs =
             Api::<PodDisruptionBudget>::namespaced(self.client.clone(), &self.scope.namespace)
                 .list(&lp)
