@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ObjectMeta, PostParams};
+use maintenance_actors::context::{api_status_code, is_conflict};
 use maintenance_core::leader::{self, LeaseRecord, Observation, Verdict};
 
 pub struct LeaderElector {
@@ -231,7 +232,7 @@ impl LeaderElector {
                     Ok(Attempt::Leading)
                 }
                 // Another candidate created it first.
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
+                Err(err) if is_conflict(&err) => Ok(Attempt::Conflict),
                 Err(err) => Err(err),
             };
         };
@@ -273,7 +274,7 @@ impl LeaderElector {
                 self.wrote(record);
                 Ok(Attempt::Leading)
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
+            Err(err) if is_conflict(&err) => Ok(Attempt::Conflict),
             Err(err) => Err(err),
         }
     }
@@ -281,13 +282,13 @@ impl LeaderElector {
 
 /// What to do about an error of the Lease API.
 fn hint(err: &kube::Error, namespace: &str) -> String {
-    match err {
-        kube::Error::Api(s) if s.code == 403 => format!(
+    match api_status_code(err) {
+        Some(403) => format!(
             "The operator's ServiceAccount needs get, update and create on Leases in namespace \
              {namespace} (the chart's Role grants them for leaderElection.leaseName and \
              leaderElection.leaseNamespace)."
         ),
-        kube::Error::Api(s) if s.code == 404 => format!(
+        Some(404) => format!(
             "Does namespace {namespace} exist? Create it, or point --lease-namespace at an \
              existing one."
         ),

@@ -19,6 +19,9 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
+use maintenance_actors::context::api_status_code;
+pub(crate) use maintenance_actors::context::{is_conflict, is_not_found};
+
 use crate::plan;
 
 const EXIT_CODES: &str = "\
@@ -165,34 +168,24 @@ pub(crate) async fn connect(global: &GlobalArgs) -> anyhow::Result<(kube::Client
 
 /// Says what to do about a failed API call on `what` (e.g. "list NodeMaintenances in default").
 pub(crate) fn api_error(err: kube::Error, what: &str) -> anyhow::Error {
-    let hint = match &err {
-        kube::Error::Api(status) if status.code == 404 && what.contains("NodeMaintenance") => {
+    let hint = match api_status_code(&err) {
+        Some(404) if what.contains("NodeMaintenance") => {
             " (is the NodeMaintenance CRD installed? `kubectl apply -f crds/crds.yaml` or install \
              the Helm chart)"
         }
-        kube::Error::Api(status) if status.code == 403 => {
+        Some(403) => {
             " (forbidden: ask a cluster admin for the RBAC permission, or use another --kubeconfig)"
         }
-        kube::Error::Api(status) if status.code == 401 => {
+        Some(401) => {
             " (unauthorized: your credentials were refused; refresh them or use another --kubeconfig)"
         }
-        kube::Error::Api(_) => "",
-        _ => {
+        Some(_) => "",
+        None => {
             " (cannot reach the API server: check that the cluster is up and that --kubeconfig or \
              KUBECONFIG points at it)"
         }
     };
     anyhow::Error::new(err).context(format!("cannot {what}{hint}"))
-}
-
-/// Whether `err` is the API server's 404.
-pub(crate) fn is_not_found(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 404)
-}
-
-/// Whether `err` is the API server's 409 (already exists, or a conflict).
-pub(crate) fn is_conflict(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 409)
 }
 
 /// Compares names so that `node-2` sorts before `node-10`.
