@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result, ensure};
 use kube::Client;
 use maintenance_crds::{MaintenanceOperatorConfigSpec, NodeMaintenanceSpec, Phase};
 use support::invariants::*;
@@ -328,6 +328,151 @@ async fn config_edits_apply_without_restart_and_deleting_it_restores_defaults() 
     }
     // With all three released, the default admits exactly one more.
     admitted_settles_at(&c, &op, 1).await?;
+    monitor.finish().await?;
+    Ok(())
+}
+
+/// Nodes whose request waits for admission with a drain to do carry our PreferNoSchedule taint,
+/// so the pods the first drain evicts land on the free node rather than on nodes that will be
+/// drained next; a request deleted while it waits, an admission and `taintWaitingNodes: false`
+/// each remove it (core: `pending_taint`).
+#[tokio::test]
+async fn nodes_waiting_to_drain_are_tainted_so_evicted_pods_go_elsewhere() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, ListParams, Patch, PatchParams};
+    use maintenance_core::pending_taint::{PENDING_DRAIN_TAINT_KEY, has_pending_drain_taint};
+
+    let c = cluster(4, 0, limits(1, None)).await?;
+    let n = &c.nodes;
+    let nodes_api: Api<Node> = Api::all(c.client.clone());
+    let pool = "taint-test.example.com/pool";
+    let label = |node: &str| {
+        let nodes_api = nodes_api.clone();
+        let node = node.to_string();
+        async move {
+            nodes_api
+                .patch(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"labels": {pool: "yes"}}})),
+                )
+                .await
+                .with_context(|| format!("labelling node {node}"))
+        }
+    };
+    // Both pods start on the node maintained first; every node takes them afterwards.
+    label(&n[0]).await?;
+    create_deployment(
+        &c.client,
+        &c.ns,
+        "web",
+        2,
+        &[("app", "web")],
+        &PodSpecOptions::on_nodes_labelled(pool, "yes"),
+    )
+    .await?;
+    wait_pods_ready(&c.client, &c.ns, "app=web", 2, WAIT).await?;
+    // The budget holds the first drain until the waiting nodes are seen tainted.
+    create_pdb_min_available(
+        &c.client,
+        &c.ns,
+        "web",
+        &[("app", "web")],
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2),
+    )
+    .await?;
+    wait_pdb_disruptions_allowed(&c.client, &c.ns, "web", 0, WAIT).await?;
+    for node in &n[1..] {
+        label(node).await?;
+    }
+    let monitor = monitor(&c).await?;
+    let _op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
+    for (i, node) in n.iter().take(3).enumerate() {
+        let mut spec = request_spec(node, "taint.example.com");
+        spec.drain_spec = drain_spec(false, 60);
+        create_request(&c.client, &c.ns, &format!("r{i}"), spec).await?;
+        if i == 0 {
+            wait_for("r0 admitted", WAIT, || async {
+                let r = get_request(&c.client, &c.ns, "r0").await?;
+                Ok(r.filter(|r| r.phase() != Phase::Pending))
+            })
+            .await?;
+        }
+    }
+    let tainted = |names: &[&String], expected: bool| {
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let nodes_api = nodes_api.clone();
+        async move {
+            wait_for(
+                &format!("{names:?} tainted {PENDING_DRAIN_TAINT_KEY}: {expected}"),
+                WAIT,
+                || async {
+                    for name in &names {
+                        if has_pending_drain_taint(&nodes_api.get(name).await?) != expected {
+                            return Ok(None);
+                        }
+                    }
+                    Ok(Some(()))
+                },
+            )
+            .await
+        }
+    };
+    tainted(&[&n[1], &n[2]], true).await?;
+    Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(c.client.clone(), &c.ns)
+        .delete("web", &Default::default())
+        .await?;
+    wait_phase(&c.client, &c.ns, "r0", Phase::Ready, WAIT).await?;
+    for node in [&n[0], &n[3]] {
+        ensure!(
+            !has_pending_drain_taint(&nodes_api.get(node).await?),
+            "{node} has no request waiting, yet it carries the taint"
+        );
+    }
+    let pods = wait_pods_ready(&c.client, &c.ns, "app=web", 2, WAIT).await?;
+    let placed: Vec<String> = pods
+        .iter()
+        .map(|p: &Pod| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    ensure!(
+        placed.iter().all(|node| node == &n[3]),
+        "the evicted pods went to {placed:?}: only {} has no maintenance to come",
+        n[3]
+    );
+
+    // Deleted while it waits (no finalizer yet): its node loses the taint.
+    delete_request(&c.client, &c.ns, "r2").await?;
+    tainted(&[&n[2]], false).await?;
+    // Turned off, then on again.
+    let mut config = limits(1, None);
+    config.admission = Some(maintenance_crds::Admission {
+        taint_waiting_nodes: Some(false),
+        ..maintenance_crds::Admission::default()
+    });
+    set_config(&c.client, config).await?;
+    tainted(&[&n[1]], false).await?;
+    set_config(&c.client, limits(1, None)).await?;
+    tainted(&[&n[1]], true).await?;
+    // Admitted: the cordon takes over and the taint goes.
+    delete_request(&c.client, &c.ns, "r0").await?;
+    wait_request_gone(&c.client, &c.ns, "r0", WAIT).await?;
+    wait_phase(&c.client, &c.ns, "r1", Phase::Ready, WAIT).await?;
+    tainted(&[&n[1]], false).await?;
+    delete_request(&c.client, &c.ns, "r1").await?;
+    wait_request_gone(&c.client, &c.ns, "r1", WAIT).await?;
+    let left = nodes_api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(has_pending_drain_taint)
+        .count();
+    ensure!(left == 0, "{left} nodes still carry the taint");
     monitor.finish().await?;
     Ok(())
 }

@@ -34,6 +34,7 @@ use maintenance_core::drainability::PreferDrainable;
 use maintenance_core::explain::{Explanations, Observed};
 use maintenance_core::lifecycle::EventReason;
 use maintenance_core::ownership::{self, NodeIdentity};
+use maintenance_core::pending_taint;
 use maintenance_core::scheduler::{self, Limits, NodeStates, Snapshot, WaitCause};
 
 /// Writes (initial Pending status, owner references, admissions, reasons) made concurrently in
@@ -65,6 +66,10 @@ pub enum SupervisorMsg {
     /// with the resourceVersion it wrote (`None`: nothing written); the cache's events for them
     /// bring the next round.
     Written {
+        written: Vec<(String, Option<String>)>,
+    },
+    /// Taint writes started by a round are answered, by node name (see `Written`).
+    Tainted {
         written: Vec<(String, Option<String>)>,
     },
 }
@@ -115,6 +120,9 @@ pub struct SupervisorState {
     /// the write nor writes them again, nor admits them, until the cache shows it (a write
     /// guarded by the version the cache shows would only conflict).
     writing: HashMap<String, Option<String>>,
+    /// Nodes with a taint write of ours in flight, or written at a resourceVersion the cache does
+    /// not show yet (as `writing`, by node name).
+    tainting: HashMap<String, Option<String>>,
     /// Pending requests whose last admission failed, and when they may be tried again; the
     /// scheduler lets the next request take the slot meanwhile. Cleared on success and when the
     /// request is gone, deleted or past Pending.
@@ -252,6 +260,7 @@ impl Actor for Supervisor {
             finished: HashSet::new(),
             admitting: HashSet::new(),
             writing: HashMap::new(),
+            tainting: HashMap::new(),
             admission_retries: HashMap::new(),
             stale_admissions: HashMap::new(),
             restarts: HashMap::new(),
@@ -329,16 +338,11 @@ impl Actor for Supervisor {
                 }
             }
             SupervisorMsg::Written { written } => {
-                for (uid, version) in written {
-                    match version {
-                        Some(version) => {
-                            state.writing.insert(uid, Some(version));
-                        }
-                        None => {
-                            state.writing.remove(&uid);
-                        }
-                    }
-                }
+                record_written(&mut state.writing, written);
+                return Ok(());
+            }
+            SupervisorMsg::Tainted { written } => {
+                record_written(&mut state.tainting, written);
                 return Ok(());
             }
         }
@@ -505,6 +509,15 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
         .collect();
+    state.tainting.retain(
+        |node, written| match (nodes_by_name.get(node.as_str()), written) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(shown), Some(version)) => {
+                !lifecycle::version_reached(shown.metadata.resource_version.as_deref(), version)
+            }
+        },
+    );
     let policy = collection_policy(&ctx, config_spec.as_ref());
     collect_garbage(myself, state, &requests, &nodes_by_name, &policy).await;
 
@@ -694,6 +707,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     for (uid, cause) in explained {
         state.explanations.written(uid, cause, now);
     }
+    let taint_waiting_nodes = config_spec.as_ref().is_none_or(|c| c.taint_waiting_nodes());
+    reconcile_pending_taints(myself, state, &requests, &nodes, taint_waiting_nodes, &busy);
 
     sync_actors(myself, state, &requests).await;
     ctx.metrics.scheduler_runs_total.inc();
@@ -882,11 +897,11 @@ fn explain_waiting(
     // Requests with a write in flight stay in what the memory observes (or it would forget
     // them and explain them again at once); they are only left out of this round's writes.
     let chosen = explanations.round(limits, &observed, jiff::Timestamp::now());
-    let writes: Vec<(Arc<NodeMaintenance>, String)> = chosen
+    let writes: Vec<(String, (Arc<NodeMaintenance>, String))> = chosen
         .iter()
         .filter(|uid| !writing.contains_key(*uid))
-        .filter_map(|uid| by_uid.get(uid))
-        .map(|(request, reason)| (Arc::clone(request), reason.to_string()))
+        .filter_map(|uid| Some((uid.clone(), by_uid.get(uid)?)))
+        .map(|(uid, (request, reason))| (uid, (Arc::clone(request), reason.to_string())))
         .collect();
     spawn_writes(
         myself,
@@ -906,39 +921,41 @@ fn explain_waiting(
                 }
             }
         },
+        |written| SupervisorMsg::Written { written },
         ctx,
     );
 }
 
 /// Runs `write` for each item, [`PARALLEL_WRITES`] at a time, in a task the round does not wait
-/// for. Each returns the resourceVersion it wrote, if any; its request counts as `writing` until
-/// the cache shows that version (or, when nothing was written, until the supervisor hears so,
-/// even if the task panicked).
+/// for. Each item is keyed (a request's UID, a node's name) and its write returns the
+/// resourceVersion it wrote, if any; the key counts as `writing` until the cache shows that
+/// version (or, when nothing was written, until the supervisor hears so through `answer`, even if
+/// the task panicked).
 fn spawn_writes<T, F, Fut>(
     myself: &ActorRef<SupervisorMsg>,
     writing: &mut HashMap<String, Option<String>>,
-    items: Vec<(Arc<NodeMaintenance>, T)>,
+    items: Vec<(String, T)>,
     write: F,
+    answer: fn(Vec<(String, Option<String>)>) -> SupervisorMsg,
     ctx: &Arc<Context>,
 ) where
     T: Send + 'static,
-    F: Fn(Arc<Context>, (Arc<NodeMaintenance>, T)) -> Fut + Send + Sync + 'static,
+    F: Fn(Arc<Context>, T) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Option<String>> + Send,
 {
     if items.is_empty() {
         return;
     }
-    let uids: Vec<String> = items.iter().filter_map(|(r, _)| r.uid()).collect();
-    for uid in &uids {
-        writing.insert(uid.clone(), None);
+    let keys: Vec<String> = items.iter().map(|(key, _)| key.clone()).collect();
+    for key in &keys {
+        writing.insert(key.clone(), None);
     }
     let ctx = ctx.clone();
     let writes = tokio::spawn(async move {
         futures::stream::iter(items)
-            .map(|item| {
-                let uid = item.0.uid().unwrap_or_default();
+            .map(|(key, item)| {
                 let written = write(ctx.clone(), item);
-                async move { (uid, written.await) }
+                async move { (key, written.await) }
             })
             .buffer_unordered(PARALLEL_WRITES)
             .collect::<Vec<(String, Option<String>)>>()
@@ -948,11 +965,92 @@ fn spawn_writes<T, F, Fut>(
     tokio::spawn(async move {
         let written = match writes.await {
             Ok(written) => written,
-            // A panicked task wrote who knows what: release every request to the next round.
-            Err(_) => uids.into_iter().map(|uid| (uid, None)).collect(),
+            // A panicked task wrote who knows what: release every key to the next round.
+            Err(_) => keys.into_iter().map(|key| (key, None)).collect(),
         };
-        let _ = supervisor.cast(SupervisorMsg::Written { written });
+        let _ = supervisor.cast(answer(written));
     });
+}
+
+/// Records the answers of [`spawn_writes`] in its `writing` map.
+fn record_written(
+    writing: &mut HashMap<String, Option<String>>,
+    written: Vec<(String, Option<String>)>,
+) {
+    for (key, version) in written {
+        match version {
+            Some(version) => {
+                writing.insert(key, Some(version));
+            }
+            None => {
+                writing.remove(&key);
+            }
+        }
+    }
+}
+
+/// Nodes carry the `PreferNoSchedule` taint of [`pending_taint`] exactly while a request on them
+/// waits for admission with a drain to do (decided in core); the writes run in a task, and a node
+/// is not written again until the cache shows the write (or it is answered as not written).
+fn reconcile_pending_taints(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    requests: &[Arc<NodeMaintenance>],
+    nodes: &[Arc<Node>],
+    enabled: bool,
+    busy: &HashSet<String>,
+) {
+    let wanted = pending_taint::wanted_nodes(
+        enabled,
+        requests.iter().map(|r| {
+            let being_admitted = r
+                .metadata
+                .uid
+                .as_deref()
+                .is_some_and(|uid| busy.contains(uid));
+            (&**r, being_admitted)
+        }),
+    );
+    let tainting = &state.tainting;
+    let writes = pending_taint::taint_writes(nodes.iter().map(|n| &**n), &wanted, |node| {
+        node.metadata
+            .name
+            .as_deref()
+            .is_some_and(|name| tainting.contains_key(name))
+    });
+    let items: Vec<(String, pending_taint::TaintWrite)> =
+        writes.into_iter().map(|w| (w.node.clone(), w)).collect();
+    let ctx = state.ctx.clone();
+    spawn_writes(
+        myself,
+        &mut state.tainting,
+        items,
+        |ctx, write| async move {
+            let patch = serde_json::json!({
+                "metadata": { "resourceVersion": write.resource_version },
+                "spec": { "taints": write.taints },
+            });
+            let nodes: Api<Node> = Api::all(ctx.client.clone());
+            match nodes
+                .patch(&write.node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(written) => {
+                    tracing::debug!(node = %write.node, add = write.add, "pending-drain taint written");
+                    written.resource_version()
+                }
+                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
+                Err(err) => {
+                    let what = if write.add { "add" } else { "remove" };
+                    tracing::warn!(node = %write.node, %err, "could not {what} the taint {}; the next round tries again", pending_taint::PENDING_DRAIN_TAINT_KEY);
+                    ctx.error("taint");
+                    None
+                }
+            }
+        },
+        |written| SupervisorMsg::Tainted { written },
+        &ctx,
+    );
 }
 
 /// New requests that the round did not admit get a Pending condition with the round's reason, so
@@ -972,7 +1070,7 @@ fn prepare_pending_requests(
     let now = jiff::Timestamp::now();
     type Work = (bool, Option<Vec<OwnerReference>>, String);
     let mut explained = Vec::new();
-    let mut work: Vec<(Arc<NodeMaintenance>, Work)> = Vec::new();
+    let mut work: Vec<(String, (Arc<NodeMaintenance>, Work))> = Vec::new();
     for request in requests {
         if request.is_deleting()
             || request.phase() != Phase::Pending
@@ -1001,7 +1099,12 @@ fn prepare_pending_requests(
                 explained.push((uid, *cause));
             }
             let reason = reason.map_or("waiting for admission", |(reason, _)| reason.as_str());
-            work.push((Arc::clone(request), (is_new, owners, reason.to_string())));
+            if let Some(uid) = request.uid() {
+                work.push((
+                    uid,
+                    (Arc::clone(request), (is_new, owners, reason.to_string())),
+                ));
+            }
         }
     }
     spawn_writes(
@@ -1032,6 +1135,7 @@ fn prepare_pending_requests(
                 }
             }
         },
+        |written| SupervisorMsg::Written { written },
         ctx,
     );
     explained

@@ -19,6 +19,7 @@ pub mod label_selector;
 pub mod leader;
 pub mod lifecycle;
 pub mod ownership;
+pub mod pending_taint;
 pub mod plan_input;
 pub mod scheduler;
 pub mod windows;

@@ -625,11 +625,13 @@ pub fn is_newer_version(candidate: &NodeMaintenance, current: &NodeMaintenance) 
 /// made has reached the cache. Versions compare as numbers, as etcd's are; anything else counts as
 /// reached, so that nothing waits forever on a version it cannot compare.
 pub fn shows_version(request: &NodeMaintenance, version: &str) -> bool {
-    let shown = request
-        .metadata
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse::<u64>().ok());
+    version_reached(request.metadata.resource_version.as_deref(), version)
+}
+
+/// True when an object a cache shows at resourceVersion `shown` is at `version` or later (see
+/// [`shows_version`]).
+pub fn version_reached(shown: Option<&str>, version: &str) -> bool {
+    let shown = shown.and_then(|v| v.parse::<u64>().ok());
     match (shown, version.parse::<u64>()) {
         (Some(shown), Ok(written)) => shown >= written,
         _ => true,

@@ -86,7 +86,7 @@ pub struct MaintenanceOperatorConfigSpec {
 /// a rolling restart, short enough that a blocked node is not forgotten.
 pub const DEFAULT_MAX_PASS_OVER_SECONDS: i32 = 600;
 
-/// Admission preferences; each is off unless set.
+/// Admission preferences; each is off unless set, but `taintWaitingNodes`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Admission {
@@ -110,6 +110,14 @@ pub struct Admission {
     /// waits, and its Pending message says what is missing and by how much. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check_capacity: Option<bool>,
+
+    /// Taint each node whose request waits for admission with a drain to do
+    /// (`maintenance.nvidia.com/drain-pending`, effect PreferNoSchedule), so the pods evicted from
+    /// the nodes in maintenance now are placed elsewhere rather than on a node whose own drain
+    /// would evict them again. The taint is removed when the request is admitted or deleted, and
+    /// from every node when this is turned off. Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taint_waiting_nodes: Option<bool>,
 }
 
 impl Admission {
@@ -118,6 +126,9 @@ impl Admission {
     }
     pub fn check_capacity(&self) -> bool {
         self.check_capacity.unwrap_or(false)
+    }
+    pub fn taint_waiting_nodes(&self) -> bool {
+        self.taint_waiting_nodes.unwrap_or(true)
     }
     /// How long a request whose drain would wait may be passed over.
     pub fn max_pass_over_seconds(&self) -> i64 {
@@ -240,6 +251,9 @@ impl MaintenanceOperatorConfigSpec {
             .max_node_maintenance_time_seconds
             .unwrap_or(DEFAULT_MAX_NODE_MAINTENANCE_TIME_SECONDS);
         std::time::Duration::from_secs(u64::from(seconds.max(0).unsigned_abs()))
+    }
+    pub fn taint_waiting_nodes(&self) -> bool {
+        self.admission().taint_waiting_nodes()
     }
     pub fn evictions_per_second(&self) -> u32 {
         self.evictions_per_second
