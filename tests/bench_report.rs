@@ -26,7 +26,8 @@
 //! `MO_BENCH_DRAIN_PARALLEL` (a list, e.g. `2,5`), `MO_BENCH_RSS_NODES` (two or more growing
 //! sizes, e.g. `100,300`), `MO_BENCH_RSS_PODS_PER_NODE`, `MO_BENCH_RSS_FIXED_DRAINS`,
 //! `MO_BENCH_FLEET_NODES` (K follows as a tenth), `MO_BENCH_FLEET_PODS_PER_NODE`,
-//! `MO_BENCH_FLEET_REPLICAS`, `MO_BENCH_FLEET_PARALLEL`, `MO_BENCH_ONLY` (some of
+//! `MO_BENCH_FLEET_REPLICAS`, `MO_BENCH_FLEET_PARALLEL`, `MO_BENCH_FLEET_TAINT_WAITING_NODES`
+//! (`false`: ours without the taint on nodes waiting to be drained), `MO_BENCH_ONLY` (some of
 //! `no-drain,drain,kubectl,rss,fleet,fleet-kubectl`). The report goes to
 //! `$MO_BENCH_REPORT_DIR/<UTC date>-<size>/` (`make bench` sets `bench`), else to
 //! `target/bench/<UTC date>-<size>/`.
@@ -94,6 +95,9 @@ struct Size {
     fleet_pods_per_node: usize,
     fleet_replicas: usize,
     fleet_parallel: usize,
+    /// Ours with `admission.taintWaitingNodes` (the default); off with
+    /// `MO_BENCH_FLEET_TAINT_WAITING_NODES=false`, to measure what the taint saves.
+    fleet_taint_waiting_nodes: bool,
     /// The workloads to run (`MO_BENCH_ONLY`, e.g. `drain`): no-drain, drain, kubectl, rss,
     /// fleet, fleet-kubectl.
     only: Vec<String>,
@@ -158,6 +162,7 @@ impl Size {
                 fleet_pods_per_node: 2,
                 fleet_replicas: 10,
                 fleet_parallel: 2,
+                fleet_taint_waiting_nodes: true,
                 only: vec![],
             },
             "small" => Size {
@@ -175,6 +180,7 @@ impl Size {
                 fleet_pods_per_node: 5,
                 fleet_replicas: 25,
                 fleet_parallel: 10,
+                fleet_taint_waiting_nodes: true,
                 only: vec![],
             },
             "large" => Size {
@@ -192,6 +198,7 @@ impl Size {
                 fleet_pods_per_node: 20,
                 fleet_replicas: 50,
                 fleet_parallel: 100,
+                fleet_taint_waiting_nodes: true,
                 only: vec![],
             },
             other => bail!("MO_BENCH_SIZE={other:?}: want smoke, small or large"),
@@ -241,6 +248,11 @@ impl Size {
         }
         if let Some(v) = env_usize("MO_BENCH_FLEET_PARALLEL")? {
             size.fleet_parallel = v;
+        }
+        if let Ok(taint) = std::env::var("MO_BENCH_FLEET_TAINT_WAITING_NODES") {
+            size.fleet_taint_waiting_nodes = taint.trim().parse().with_context(|| {
+                format!("MO_BENCH_FLEET_TAINT_WAITING_NODES={taint:?}: want true or false")
+            })?;
         }
         if let Ok(only) = std::env::var("MO_BENCH_ONLY") {
             size.only = only
@@ -1658,6 +1670,12 @@ async fn fleet_cluster(size: &Size, who: &str, progress: &Progress) -> Result<Fl
     };
     let mut config = limits(k32, None);
     config.max_unavailable = Some(max_unavailable.clone());
+    if !size.fleet_taint_waiting_nodes {
+        config.admission = Some(maintenance_crds::Admission {
+            taint_waiting_nodes: Some(false),
+            ..maintenance_crds::Admission::default()
+        });
+    }
     install(&client, Some(config)).await?;
     step.end("started");
 
@@ -2281,7 +2299,7 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
              no budget: one re-creates an evicted pod under the same name, and under this load the \
              disruption controller then holds the name in `disruptedPods` for its two-minute \
              DeletionTimeout, allowing nothing; both drains would measure that timeout. Every node maintained {} at a \
-             time: ours with maxParallelOperations {} and maxUnavailable as below, each request \
+             time: ours with maxParallelOperations {} and maxUnavailable as below, {}, each request \
              released once Ready, under the invariant monitor (`tests/support/invariants.rs`: any \
              PDB below desired, limit exceeded, node left cordoned or pod deleted fails the run); \
              kubectl with {} concurrent `kubectl drain --ignore-daemonsets` + `kubectl uncordon`. \
@@ -2296,6 +2314,12 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
             size.fleet_replicas.min(any.nodes),
             any.parallel,
             any.parallel,
+            if size.fleet_taint_waiting_nodes {
+                "nodes waiting to be drained tainted PreferNoSchedule (`admission.taintWaitingNodes`, \
+                 the default)"
+            } else {
+                "nodes waiting to be drained not tainted (`admission.taintWaitingNodes: false`)"
+            },
             any.parallel
         );
         for d in &report.fleet {
