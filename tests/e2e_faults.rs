@@ -6,8 +6,9 @@
 //!   bandwidth-limited link; every connection reset a few seconds after it opens;
 //! - HTTP faults from the testbed's faultproxy: 5% of requests answered 500 (half of them after
 //!   the API server did the work) or 429 with Retry-After, every watch cut every few seconds;
-//!   and, on a small cluster of its own, every admission applied but answered 500 while the
-//!   operator's watches lag 1 s;
+//!   and, on small clusters of their own, every admission applied but answered 500 while the
+//!   operator's watches lag 1 s, and requests deleted the moment they are admitted while the
+//!   watches lag 1 s;
 //! - kube-apiserver stopped for 20 s mid-drain and started again; etcd restarted mid-drain;
 //! - the leader partitioned from the API server mid-drain: the standby takes over, and the audit
 //!   log shows no write of the old leader after the new leader's first write.
@@ -21,14 +22,18 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use maintenance_crds::Phase;
+use maintenance_crds::{FINALIZER, MaintenanceOperatorConfigSpec, NodeMaintenance, Phase};
 use support::audit::{AuditLog, WriteCall, seconds_between};
 use support::faults::{
     Component, FaultProxy, HttpFaults, Stream, Toxic, ToxicKind, ToxicProxy, Toxiproxy,
@@ -773,6 +778,56 @@ async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
     Ok(())
 }
 
+/// A small cluster of its own: `nodes` Ready nodes, a namespace, and the operator behind a
+/// faultproxy set to `faults` from its start, watched by the invariant monitor (limits
+/// included).
+struct BehindProxy {
+    testbed: Testbed,
+    client: Client,
+    ns: String,
+    nodes: Vec<String>,
+    proxy: FaultProxy,
+    _operator: Operator,
+    monitor: InvariantMonitor,
+}
+
+async fn behind_proxy(
+    name: &str,
+    nodes: usize,
+    config: MaintenanceOperatorConfigSpec,
+    faults: &HttpFaults,
+) -> Result<BehindProxy> {
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(&client, Some(config)).await?;
+    let nodes = create_nodes(&client, &unique_name(name), nodes, &[]).await?;
+    wait_nodes_ready(&client, &nodes, SETUP).await?;
+    let ns = unique_name(name);
+    create_namespace(&client, &ns).await?;
+    let (direct, user) = operator_account(&testbed, name).await?;
+    let mut proxy = FaultProxy::start(&testbed, &direct).await?;
+    proxy.set(faults).await?;
+    let kubeconfig = testbed.dir().join(format!("operator-{name}.kubeconfig"));
+    proxy.write_kubeconfig(&direct, &kubeconfig)?;
+    let operator = Operator::start_with_kubeconfig(&kubeconfig, testbed.dir(), &[]).await?;
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes)
+            .operator_user(&user)
+            .check_limits(true),
+    )
+    .await?;
+    Ok(BehindProxy {
+        testbed,
+        client,
+        ns,
+        nodes,
+        proxy,
+        _operator: operator,
+        monitor,
+    })
+}
+
 /// An admission whose answer is lost keeps its slot: the API server applied the write and
 /// answered 500, and the operator's cache, a second behind, still shows the request Pending. The
 /// supervisor took the 500 for "not admitted" and gave the slot to the next request, which was
@@ -786,23 +841,19 @@ async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
 async fn an_admission_whose_answer_is_lost_keeps_its_slot() -> Result<()> {
     const REQUESTS: usize = 4;
     let _turn = SERIAL.lock().await;
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(1, 1))).await?;
-    let nodes = create_nodes(&client, &unique_name("lost"), REQUESTS, &[]).await?;
-    wait_nodes_ready(&client, &nodes, SETUP).await?;
-    let ns = unique_name("lost");
-    create_namespace(&client, &ns).await?;
-    let (direct, user) = operator_account(&testbed, "lost-answer").await?;
-    let mut proxy = FaultProxy::start(&testbed, &direct).await?;
-    let kubeconfig = testbed.dir().join("operator-lost-answer.kubeconfig");
-    proxy.write_kubeconfig(&direct, &kubeconfig)?;
-    let _operator = Operator::start_with_kubeconfig(&kubeconfig, testbed.dir(), &[]).await?;
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &nodes)
-            .operator_user(&user)
-            .check_limits(true),
+    let BehindProxy {
+        testbed,
+        client,
+        ns,
+        nodes,
+        mut proxy,
+        _operator,
+        monitor,
+    } = behind_proxy(
+        "lost-answer",
+        REQUESTS,
+        limits(1, 1),
+        &HttpFaults::default(),
     )
     .await?;
     let names: Vec<String> = (0..REQUESTS).map(|i| format!("m{i}")).collect();
@@ -876,6 +927,114 @@ async fn an_admission_whose_answer_is_lost_keeps_its_slot() -> Result<()> {
         report.admissions >= REQUESTS,
         "the monitor saw {} admissions for {REQUESTS} requests",
         report.admissions
+    );
+    Ok(())
+}
+
+/// A request deleted the moment its admission lands leaves its node schedulable. The node actor
+/// starts from the version the admission wrote while the operator's cache, 1 s behind here, still
+/// shows the request as created; the actor cordons (each node write takes 300 ms here, so the
+/// deletion lands meanwhile), meets the deletion on a conflict, uncordons, takes its finalizer off
+/// and finishes; then the cache shows the admission. The supervisor used
+/// to start a new actor from that version, which cordoned the node again for a request about to
+/// vanish, and nothing uncordoned it (found by e2e_nvidia's requestorID test in CI). Now an actor
+/// that ended leaves the version it reached, and only a newer one starts another
+/// (`actor_runs::next_action`). A watch of the test's own, without the lag, deletes each request
+/// as soon as it shows our finalizer; then a last request on a node of its own, admitted only
+/// once the operator's cache has seen every earlier event, goes Ready and is deleted, so any
+/// actor started from a stale version has had its turn before the nodes are looked at.
+#[tokio::test]
+async fn a_request_deleted_as_soon_as_it_is_admitted_leaves_its_node_schedulable() -> Result<()> {
+    const TARGETS: usize = 6;
+    const ROUNDS: usize = 3;
+    let _turn = SERIAL.lock().await;
+    let faults = HttpFaults {
+        watch_delay_ms: 1000,
+        request_delay_ms: 300,
+        only_method: "PATCH".to_string(),
+        only_path_matching: "/nodemaintenances/[^/]+/status$".to_string(),
+        ..HttpFaults::default()
+    };
+    let cluster = behind_proxy(
+        "quick-delete",
+        TARGETS + 1,
+        limits(TARGETS as i32, TARGETS as i32),
+        &faults,
+    )
+    .await?;
+    let (client, ns, nodes) = (&cluster.client, &cluster.ns, &cluster.nodes);
+    let (targets, last) = nodes.split_at(TARGETS);
+
+    let deleted = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let deleter = {
+        let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), ns);
+        let deleted = deleted.clone();
+        tokio::spawn(async move {
+            let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let Ok(request) = event else { continue };
+                let admitted = request.finalizers().iter().any(|f| f == FINALIZER);
+                if admitted
+                    && request.metadata.deletion_timestamp.is_none()
+                    && request.name_any().starts_with('r')
+                    && api
+                        .delete(&request.name_any(), &Default::default())
+                        .await
+                        .is_ok()
+                    && let Ok(mut deleted) = deleted.lock()
+                {
+                    deleted.insert(request.name_any());
+                }
+            }
+        })
+    };
+    for round in 0..ROUNDS {
+        for (i, node) in targets.iter().enumerate() {
+            create_request(
+                client,
+                ns,
+                &format!("r{round}-{i}"),
+                request_spec(node, REQUESTOR),
+            )
+            .await?;
+        }
+        wait_for("every request of the round to be gone", SETUP, || async {
+            Ok(list_requests(client, ns).await?.is_empty().then_some(()))
+        })
+        .await?;
+    }
+    deleter.abort();
+    let deleted = deleted.lock().map_or(0, |d| d.len());
+    ensure!(
+        deleted == TARGETS * ROUNDS,
+        "precondition: {deleted} of {} requests were deleted once admitted (the others went \
+         before the operator admitted them)",
+        TARGETS * ROUNDS
+    );
+    create_request(client, ns, "last", request_spec(&last[0], REQUESTOR)).await?;
+    wait_phase(client, ns, "last", Phase::Ready, SETUP).await?;
+    delete_request(client, ns, "last").await?;
+    wait_for("the last request to be gone", SETUP, || async {
+        Ok(list_requests(client, ns).await?.is_empty().then_some(()))
+    })
+    .await?;
+    let mut cordoned = Vec::new();
+    for node in nodes {
+        if node_unschedulable(client, node).await? {
+            cordoned.push(node.clone());
+        }
+    }
+    ensure!(
+        cordoned.is_empty(),
+        "{cordoned:?} still cordoned once every request on them is gone"
+    );
+    let report = cluster.monitor.finish().await?;
+    ensure!(
+        report.admissions > TARGETS * ROUNDS,
+        "the monitor saw {} admissions for {} requests",
+        report.admissions,
+        TARGETS * ROUNDS + 1
     );
     Ok(())
 }

@@ -6,8 +6,8 @@
 //! object.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -17,6 +17,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use maintenance_core::actor_runs::RunEnd;
 use maintenance_core::conditions::annotation_value;
 use maintenance_core::drain_plan;
 use maintenance_core::eviction::{DeleteOutcome, EvictionOutcome};
@@ -70,12 +71,16 @@ pub struct NodeArgs {
     pub request: Arc<NodeMaintenance>,
     /// The supervisor's node cache (read-only here).
     pub nodes: Store<Node>,
+    /// Where the actor leaves how its run ended before it stops itself, for the supervisor to
+    /// read (`actor_runs`): which versions of the request may start another actor.
+    pub end: Arc<OnceLock<RunEnd>>,
 }
 
 pub struct NodeState {
     ctx: Arc<Context>,
     request: Arc<NodeMaintenance>,
     nodes: Store<Node>,
+    end: Arc<OnceLock<RunEnd>>,
     pods: Option<PodWatch>,
     ledger: Ledger,
     next_step_at: Option<Instant>,
@@ -166,6 +171,7 @@ impl Actor for NodeActor {
             ctx: args.ctx,
             request: args.request,
             nodes: args.nodes,
+            end: args.end,
             pods: None,
             ledger: Ledger::default(),
             next_step_at: None,
@@ -250,14 +256,17 @@ impl Actor for NodeActor {
             Ok(()) => state.consecutive_errors = 0,
             Err(err) => {
                 state.consecutive_errors += 1;
-                let delay =
-                    lifecycle::retry_after_failed_step(is_conflict(&err), state.consecutive_errors);
-                if is_conflict(&err) {
-                    // Someone else wrote the object: read it again and go on; a request that is
-                    // gone meanwhile (our finalizer was the last) needs nothing more.
+                // A conflict: someone else wrote the object. Not found: the request (or its
+                // node) is gone. Either way the request is read again.
+                let stale = is_conflict(&err) || is_not_found(&err);
+                let delay = lifecycle::retry_after_failed_step(stale, state.consecutive_errors);
+                if stale {
+                    // Read it again and go on; a request that is gone meanwhile (our finalizer
+                    // was the last) needs nothing more.
                     if refresh(state).await {
                         state.schedule_step(&myself, delay);
                     } else {
+                        let _ = state.end.set(RunEnd::RequestGone);
                         myself.stop(Some("request gone".into()));
                     }
                 } else {
@@ -378,6 +387,10 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
     executed?;
     if step.finished {
         tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished");
+        let _ = state.end.set(RunEnd::Finished {
+            version: state.request.resource_version(),
+            node_gone: node == NodeView::Missing,
+        });
         myself.stop(Some(MAINTENANCE_FINISHED.into()));
         return Ok(());
     }

@@ -3,8 +3,8 @@
 //! linked [`NodeActor`] per request in progress, restarting failed ones with backoff.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -26,8 +26,9 @@ use maintenance_core::lifecycle;
 use crate::context::{Context, api_status_code, is_conflict, is_not_found};
 use crate::evictor::EvictionRate;
 use crate::metrics::BudgetSample;
-use crate::node_actor::{MAINTENANCE_FINISHED, NodeActor, NodeArgs, NodeMsg};
+use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
 use crate::task::AbortOnDrop;
+use maintenance_core::actor_runs::{self, ActorAction, ActorRun, RunEnd};
 use maintenance_core::capacity::CapacityCheck;
 use maintenance_core::collection::{self, Cause};
 use maintenance_core::drainability::PreferDrainable;
@@ -90,6 +91,14 @@ pub enum AdmitOutcome {
 
 pub struct Supervisor;
 
+/// A node actor at work, what it was given, and where it leaves how it ended.
+struct RunningActor {
+    actor: ActorRef<NodeMsg>,
+    /// The newest resourceVersion of its request it was given (only ever moves forward).
+    forwarded: Option<String>,
+    end: Arc<OnceLock<RunEnd>>,
+}
+
 pub struct SupervisorState {
     ctx: Arc<Context>,
     requests: Store<NodeMaintenance>,
@@ -97,21 +106,21 @@ pub struct SupervisorState {
     configs: Store<MaintenanceOperatorConfig>,
     _watches: Vec<AbortOnDrop>,
     /// One actor per request in progress, by request UID.
-    actors: HashMap<String, ActorRef<NodeMsg>>,
+    actors: HashMap<String, RunningActor>,
     /// The scheduler's view of each node, read again only when the node changes.
     node_states: NodeStates,
     /// No round before this (`paced_round`); a held one is on its way when `round_held`.
     next_round_at: Instant,
     round_held: bool,
-    /// The resourceVersion last forwarded to each actor.
-    forwarded: HashMap<String, String>,
     /// Requests we admitted whose admission the cache has not shown yet: counted as in
     /// maintenance so a fast second round never admits past the limits.
     admitted: HashSet<String>,
-    /// Requests whose node actor finished (cleanup done: node uncordoned, our finalizer off, or
-    /// the node gone) while the cache may still show them held: released at once, so the slot
-    /// goes to the next request without waiting for the cache to show the object gone.
-    finished: HashSet<String>,
+    /// Requests whose node actor ended (cleanup done: node uncordoned, our finalizer off; the
+    /// node gone; the request gone), and how, while the cache may still show them held: released
+    /// at once, so the slot goes to the next request without waiting for the cache to show the
+    /// object gone; and no version the cache shows from before the end starts another actor
+    /// (`actor_runs`).
+    ended: HashMap<String, RunEnd>,
     /// Requests whose admission writes are in flight: counted as in maintenance too, so rounds
     /// run on without waiting for them and never admit past the limits meanwhile.
     admitting: HashSet<String>,
@@ -252,12 +261,11 @@ impl Actor for Supervisor {
             configs,
             _watches: vec![w1, w2, w3],
             actors: HashMap::new(),
-            forwarded: HashMap::new(),
             node_states: NodeStates::default(),
             next_round_at: Instant::now(),
             round_held: false,
             admitted: HashSet::new(),
-            finished: HashSet::new(),
+            ended: HashMap::new(),
             admitting: HashSet::new(),
             writing: HashMap::new(),
             tainting: HashMap::new(),
@@ -360,20 +368,25 @@ impl Actor for Supervisor {
         match event {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 let id = cell.get_id();
-                let mut finished = Vec::new();
-                state.actors.retain(|uid, actor| {
-                    let gone = actor.get_id() == id;
+                let mut ended = Vec::new();
+                state.actors.retain(|uid, running| {
+                    let gone = running.actor.get_id() == id;
                     if gone {
-                        tracing::debug!(%uid, ?reason, "node actor finished");
-                        if reason.as_deref() == Some(MAINTENANCE_FINISHED) {
-                            finished.push(uid.clone());
+                        tracing::debug!(%uid, ?reason, "node actor stopped");
+                        // Stopped by the supervisor (its request gone from the cache), it left
+                        // nothing.
+                        if let Some(end) = running.end.get() {
+                            ended.push((
+                                uid.clone(),
+                                end.clone().at_least(running.forwarded.as_deref()),
+                            ));
                         }
                     }
                     !gone
                 });
                 // Its slot is free now: a round gives it to the next request.
-                if !finished.is_empty() {
-                    state.finished.extend(finished);
+                if !ended.is_empty() {
+                    state.ended.extend(ended);
                     paced_round(&myself, state).await;
                 }
             }
@@ -382,12 +395,12 @@ impl Actor for Supervisor {
                 let failed: Vec<String> = state
                     .actors
                     .iter()
-                    .filter(|(_, a)| a.get_id() == id)
+                    .filter(|(_, running)| running.actor.get_id() == id)
                     .map(|(uid, _)| uid.clone())
                     .collect();
                 for uid in failed {
+                    // Forgotten: it starts again, from the version the cache shows then.
                     state.actors.remove(&uid);
-                    state.forwarded.remove(&uid);
                     let attempts = state.restarts.get(&uid).map_or(0, |(n, _)| *n) + 1;
                     let delay =
                         (RESTART_MIN * 2u32.saturating_pow(attempts.min(10))).min(RESTART_MAX);
@@ -483,10 +496,10 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .iter()
         .filter_map(|r| Some((r.metadata.uid.as_deref()?, &**r)))
         .collect();
-    // Finished requests the cache no longer shows need no memory.
+    // Ended requests the cache no longer shows need no memory.
     state
-        .finished
-        .retain(|uid| cached.contains_key(uid.as_str()));
+        .ended
+        .retain(|uid, _| cached.contains_key(uid.as_str()));
     state
         .writing
         .retain(|uid, written| match (cached.get(uid.as_str()), written) {
@@ -534,7 +547,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         if state.admitted.contains(uid) || state.admitting.contains(uid) {
             request.phase = Phase::Scheduled;
         }
-        if state.finished.contains(uid) {
+        if state.ended.contains_key(uid) {
             request.released = true;
         }
         request.admission_retry = state.admission_retries.get(uid).cloned();
@@ -1306,18 +1319,17 @@ async fn sync_actors(
         ensure_actor(myself, state, request, node_exists).await;
     }
     // Requests that are gone: stop their actors.
-    state.actors.retain(|uid, actor| {
+    state.actors.retain(|uid, running| {
         let keep = live.contains(uid);
         if !keep {
-            actor.stop(Some("request gone".into()));
+            running.actor.stop(Some("request gone".into()));
         }
         keep
     });
-    state.forwarded.retain(|uid, _| live.contains(uid));
     state.restarts.retain(|uid, _| live.contains(uid));
 }
 
-/// Forwards `request` to its node actor, or starts one for it.
+/// Forwards `request` to its node actor, or starts one for it (`actor_runs::next_action`).
 async fn ensure_actor(
     myself: &ActorRef<SupervisorMsg>,
     state: &mut SupervisorState,
@@ -1325,50 +1337,63 @@ async fn ensure_actor(
     node_exists: bool,
 ) {
     let Some(uid) = request.uid() else { return };
-    if let Some(actor) = state.actors.get(&uid) {
-        let version = request.resource_version().unwrap_or_default();
-        if state.forwarded.get(&uid) != Some(&version) {
-            state.forwarded.insert(uid.clone(), version);
-            let _ = actor.cast(NodeMsg::Updated(request.clone()));
-        } else if !node_exists {
-            // The node went away: a request that waits for nothing else (Ready) must still
-            // see it at once to release the node's slot.
-            let _ = actor.cast(NodeMsg::Step);
-        }
-        return;
-    }
-    if state
-        .restarts
-        .get(&uid)
-        .is_some_and(|(_, not_before)| *not_before > Instant::now())
-    {
-        return;
-    }
-    // An actor that finished had nothing left to do for the version it was given; the cache
-    // may still show that version (its last writes not seen yet), and a new actor would
-    // repeat the cleanup, e.g. uncordon a node again after someone else cordoned it.
-    if state.forwarded.get(&uid).map(String::as_str) == request.resource_version().as_deref() {
-        return;
-    }
-    let args = NodeArgs {
-        ctx: state.ctx.clone(),
-        request: request.clone(),
-        nodes: state.nodes.clone(),
+    let version = request.resource_version();
+    let run = match (state.actors.get(&uid), state.ended.get(&uid)) {
+        (Some(running), _) => ActorRun::Running {
+            forwarded: running.forwarded.as_deref(),
+        },
+        (None, Some(end)) => ActorRun::Ended(end),
+        (None, None) => ActorRun::Never,
     };
-    // Actor names are global: the UID keeps them unique across namespaces and re-creations.
-    let name = format!("node-maintenance-{uid}");
-    match Actor::spawn_linked(Some(name), NodeActor, args, myself.get_cell()).await {
-        Ok((actor, _)) => {
-            // Work again (a node back under its old name): the request holds its slot.
-            state.finished.remove(&uid);
-            state
-                .forwarded
-                .insert(uid.clone(), request.resource_version().unwrap_or_default());
-            state.actors.insert(uid, actor);
+    match actor_runs::next_action(run, version.as_deref(), node_exists) {
+        ActorAction::Nothing => {}
+        ActorAction::Forward => {
+            if let Some(running) = state.actors.get_mut(&uid) {
+                running.forwarded = version;
+                let _ = running.actor.cast(NodeMsg::Updated(request.clone()));
+            }
         }
-        Err(err) => {
-            tracing::error!(request = %request.key(), %err, "could not start node actor");
-            state.ctx.error("spawn");
+        ActorAction::Step => {
+            if let Some(running) = state.actors.get(&uid) {
+                let _ = running.actor.cast(NodeMsg::Step);
+            }
+        }
+        ActorAction::Start => {
+            if state
+                .restarts
+                .get(&uid)
+                .is_some_and(|(_, not_before)| *not_before > Instant::now())
+            {
+                return;
+            }
+            let end = Arc::new(OnceLock::new());
+            let args = NodeArgs {
+                ctx: state.ctx.clone(),
+                request: request.clone(),
+                nodes: state.nodes.clone(),
+                end: end.clone(),
+            };
+            // Actor names are global: the UID keeps them unique across namespaces and
+            // re-creations.
+            let name = format!("node-maintenance-{uid}");
+            match Actor::spawn_linked(Some(name), NodeActor, args, myself.get_cell()).await {
+                Ok((actor, _)) => {
+                    // Work again (a node back under its old name): the request holds its slot.
+                    state.ended.remove(&uid);
+                    state.actors.insert(
+                        uid,
+                        RunningActor {
+                            actor,
+                            forwarded: version,
+                            end,
+                        },
+                    );
+                }
+                Err(err) => {
+                    tracing::error!(request = %request.key(), %err, "could not start node actor");
+                    state.ctx.error("spawn");
+                }
+            }
         }
     }
 }

@@ -557,8 +557,9 @@ pub fn retry_delay(attempts: u32, jitter: f64) -> Duration {
 }
 
 /// How long a node actor waits before it runs a step again after `consecutive` failed steps in
-/// a row (1 for the first). A conflict means someone else wrote the object: the actor reads it
-/// again and goes on at once, but only twice in a row; a writer that keeps changing it (another
+/// a row (1 for the first). A conflict means someone else wrote the object (a not-found, that
+/// the request or its node is gone): the actor reads it again and goes on at once, but only
+/// twice in a row; a writer that keeps changing it (another
 /// controller left running during a migration) gets the same backoff as any other error, 0.25 s
 /// doubling to 30 s, instead of a tight loop of reads and writes.
 pub fn retry_after_failed_step(conflict: bool, consecutive: u32) -> Duration {

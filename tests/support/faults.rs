@@ -410,11 +410,14 @@ pub struct HttpFaults {
     pub retry_after_seconds: u32,
     /// Fraction of the 500s given after the API server did the work (the answer is lost).
     pub lost_answer_share: f64,
-    /// Errors only for requests of this method (empty: any) ...
+    /// Errors (and `request_delay_ms`) only for requests of this method (empty: any) ...
     pub only_method: String,
     /// ... whose path matches this regular expression (empty: any): one kind of write fails,
     /// the rest go through.
     pub only_path_matching: String,
+    /// Hold every non-watch request that `only_method` and `only_path_matching` select this
+    /// long before forwarding it (0: at once): one kind of write is slow.
+    pub request_delay_ms: u64,
     /// Cut every open watch this often (0: never).
     pub cut_watches_every_ms: u64,
     /// Every event of a watch opened from then on reaches the client this much later (0: at

@@ -68,10 +68,13 @@ type Faults struct {
 	// applied it and the client never learns.
 	LostAnswerShare float64 `json:"lostAnswerShare"`
 	// Only requests of this method (empty: any) whose path matches the regular expression
-	// OnlyPathMatching (empty: any) are answered with errors: one kind of write can fail while
-	// the rest go through.
+	// OnlyPathMatching (empty: any) are answered with errors, or held (RequestDelayMs): one kind
+	// of write can fail while the rest go through.
 	OnlyMethod       string `json:"onlyMethod"`
 	OnlyPathMatching string `json:"onlyPathMatching"`
+	// Hold every non-watch request that OnlyMethod and OnlyPathMatching select this long before
+	// forwarding it (0: at once): one kind of write is slow while the rest go through at once.
+	RequestDelayMs int `json:"requestDelayMs"`
 	// Cut every open watch this often (0: never).
 	CutWatchesEveryMs int `json:"cutWatchesEveryMs"`
 	// Every event of a watch opened from now on reaches the client this much later than the API
@@ -228,7 +231,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveWatch(w, r)
 		return
 	}
-	if delay := p.listDelay(r); delay > 0 {
+	if delay := p.listDelay(r) + p.requestDelay(r); delay > 0 {
 		select {
 		case <-time.After(delay):
 		case <-r.Context().Done():
@@ -260,6 +263,16 @@ func (p *proxy) listDelay(r *http.Request) time.Duration {
 	}
 	p.stats.DelayedLists++
 	return time.Duration(p.faults.ListDelayMs) * time.Millisecond
+}
+
+// requestDelay is how long to hold r: RequestDelayMs if the filters select it, else nothing.
+func (p *proxy) requestDelay(r *http.Request) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.faults.RequestDelayMs <= 0 || !p.appliesTo(r) {
+		return 0
+	}
+	return time.Duration(p.faults.RequestDelayMs) * time.Millisecond
 }
 
 func (p *proxy) retryAfter() int {
