@@ -76,6 +76,16 @@ pub struct NodeArgs {
     pub end: Arc<OnceLock<RunEnd>>,
 }
 
+/// The actor's gauges go when its state does: on a stop, and also on a panic, after which ractor
+/// runs no `post_stop` (the node-actor count and the request's series would stay for good).
+impl Drop for NodeState {
+    fn drop(&mut self) {
+        self.ctx.metrics.node_actors.dec();
+        self.ledger.clear();
+        report_metrics(self, None);
+    }
+}
+
 pub struct NodeState {
     ctx: Arc<Context>,
     request: Arc<NodeMaintenance>,
@@ -182,17 +192,6 @@ impl Actor for NodeActor {
             calls: HashMap::new(),
             next_call: 0,
         })
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<NodeMsg>,
-        state: &mut NodeState,
-    ) -> Result<(), ActorProcessingErr> {
-        state.ctx.metrics.node_actors.dec();
-        state.ledger.clear();
-        report_metrics(state, None);
-        Ok(())
     }
 
     async fn handle(

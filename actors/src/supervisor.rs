@@ -41,9 +41,6 @@ use maintenance_core::scheduler::{self, Limits, NodeStates, Snapshot, WaitCause}
 /// Writes (initial Pending status, owner references, admissions, reasons) made concurrently in
 /// one round.
 const PARALLEL_WRITES: usize = 16;
-/// Restart backoff for a node actor that failed.
-const RESTART_MIN: Duration = Duration::from_millis(500);
-const RESTART_MAX: Duration = Duration::from_secs(60);
 
 pub enum SupervisorMsg {
     /// A watched object changed.
@@ -140,7 +137,7 @@ pub struct SupervisorState {
     /// the resourceVersion it was built on: not tried again until the cache shows another
     /// version (or drops the request), as the same write would only fail the same way.
     stale_admissions: HashMap<String, String>,
-    /// Failed actors and when they may start again.
+    /// Failed actors: their failures in a row, and when they may start again.
     restarts: HashMap<String, (u32, Instant)>,
     change_queued: Arc<AtomicBool>,
     /// The config's logLevel last applied.
@@ -401,14 +398,15 @@ impl Actor for Supervisor {
                 for uid in failed {
                     // Forgotten: it starts again, from the version the cache shows then.
                     state.actors.remove(&uid);
-                    let attempts = state.restarts.get(&uid).map_or(0, |(n, _)| *n) + 1;
-                    let delay =
-                        (RESTART_MIN * 2u32.saturating_pow(attempts.min(10))).min(RESTART_MAX);
-                    tracing::error!(%uid, %err, restart_in = ?delay, "node actor failed; restarting");
-                    state.ctx.metrics.actor_restarts_total.inc();
-                    state
+                    let now = Instant::now();
+                    let previous = state
                         .restarts
-                        .insert(uid, (attempts, Instant::now() + delay));
+                        .get(&uid)
+                        .map(|(n, started)| (*n, now.saturating_duration_since(*started)));
+                    let (failures, delay) = actor_runs::restart_after_failure(previous);
+                    tracing::error!(%uid, %err, failures, restart_in = ?delay, "node actor failed; restarting");
+                    state.ctx.metrics.actor_restarts_total.inc();
+                    state.restarts.insert(uid, (failures, now + delay));
                     myself.send_after(delay, || SupervisorMsg::Changed);
                 }
             }

@@ -13,6 +13,11 @@
 //! - an actor that ended leaves the version it reached, and only a newer version (or its node
 //!   back, once the cache has caught up) starts another; a request the API server said is gone
 //!   starts none.
+//!
+//! An actor that failed is forgotten and starts again after a backoff
+//! ([`restart_after_failure`]).
+
+use std::time::Duration;
 
 use crate::lifecycle::version_reached;
 
@@ -92,6 +97,28 @@ pub fn next_action(run: ActorRun<'_>, cached: Option<&str>, node_exists: bool) -
             }
         }
     }
+}
+
+/// The first restart of a failed actor waits this long, doubled for each failure in a row.
+pub const RESTART_MIN: Duration = Duration::from_secs(1);
+/// The longest wait before a failed actor starts again.
+pub const RESTART_MAX: Duration = Duration::from_secs(60);
+/// An actor that ran this long after its last restart failed anew, not again: its backoff
+/// starts over, so a rare failure in a maintenance of hours is not met with the longest wait.
+pub const RESTART_QUIET: Duration = Duration::from_secs(300);
+
+/// After an actor failed: its failures in a row, counting this one, and how long to wait before
+/// it starts again. `previous` is the count so far and how long the actor ran since its last
+/// restart (`None`: it never failed).
+pub fn restart_after_failure(previous: Option<(u32, Duration)>) -> (u32, Duration) {
+    let in_a_row = match previous {
+        Some((count, ran_for)) if ran_for < RESTART_QUIET => count.saturating_add(1),
+        _ => 1,
+    };
+    let delay = RESTART_MIN
+        .saturating_mul(2u32.saturating_pow(in_a_row.saturating_sub(1).min(16)))
+        .min(RESTART_MAX);
+    (in_a_row, delay)
 }
 
 /// True when resourceVersion `candidate` is newer than `mark` (none yet counts as older than
@@ -224,6 +251,24 @@ mod tests {
         assert_eq!(
             next_action(ActorRun::Running { forwarded: None }, Some("1"), true),
             ActorAction::Forward
+        );
+    }
+
+    #[test]
+    fn failed_actors_back_off_and_start_over_after_a_quiet_run() {
+        let soon = Duration::from_secs(2);
+        assert_eq!(restart_after_failure(None), (1, RESTART_MIN));
+        assert_eq!(restart_after_failure(Some((1, soon))), (2, 2 * RESTART_MIN));
+        assert_eq!(restart_after_failure(Some((3, soon))), (4, 8 * RESTART_MIN));
+        assert_eq!(restart_after_failure(Some((40, soon))), (41, RESTART_MAX));
+        assert_eq!(
+            restart_after_failure(Some((u32::MAX, soon))),
+            (u32::MAX, RESTART_MAX)
+        );
+        assert_eq!(
+            restart_after_failure(Some((40, RESTART_QUIET))),
+            (1, RESTART_MIN),
+            "the counts used to grow for the whole life of the request"
         );
     }
 
