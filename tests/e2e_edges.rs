@@ -1,8 +1,8 @@
 //! The edges of the node lifecycle (`core/src/lifecycle.rs`) on a live control plane: deletion in
 //! each phase with and without additional requestors, the node deleted under a request, spec
 //! fields removed mid-phase, `spec.cordon` turned off mid-maintenance, RequestorFailed before
-//! Ready, a drain timeout after an earlier InvalidSpec, pods that arrive during a drain, and a
-//! `Ready` reason this operator does not know.
+//! Ready, a drain timeout after an earlier InvalidSpec, pods that arrive during a drain, a
+//! `Ready` reason this operator does not know, and an uncordon the API server refuses.
 //!
 //! Every assertion is on what the API server shows (the node's `spec.unschedulable`, the request
 //! and its conditions, pods), with deadlines. Tests that depend on `maxParallelOperations: 1`
@@ -28,6 +28,7 @@ use maintenance_crds::{
 };
 use support::invariants::*;
 use support::operator::*;
+use support::policy::{NodeUpdatePolicy, Rule};
 use support::*;
 
 /// Deadline of every wait for something the operator must do.
@@ -418,6 +419,94 @@ async fn a_cordon_turned_off_mid_maintenance_is_still_undone() -> Result<()> {
     ensure!(
         !node_unschedulable(&client, node).await?,
         "{node} left cordoned after spec.cordon was turned off and the request deleted"
+    );
+    monitor.finish().await?;
+    Ok(())
+}
+
+/// An uncordon the API server refuses (here a ValidatingAdmissionPolicy: the node must stay
+/// cordoned) holds the deletion, as it must: the finalizer stays until the node is uncordoned.
+/// The request's Events say so, naming the call, the node and the API server's answer (Warning
+/// `StepFailed`; before, only the operator's log did); once the policy no longer applies, the
+/// retried step uncordons the node and the request goes.
+#[tokio::test]
+async fn a_refused_uncordon_holds_the_deletion_and_the_events_say_why() -> Result<()> {
+    let (client, ns, nodes) = setup("edge-refused", 1).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
+    let node = &nodes[0];
+    create_request(&client, &ns, "m", request_spec(node, "refused.example.com")).await?;
+    wait_request(&client, &ns, "m", "Ready", WAIT, |r| {
+        r.phase() == Phase::Ready
+    })
+    .await?;
+    let label = (
+        "edge-refused.maintenance.nvidia.com/stay-cordoned",
+        ns.as_str(),
+    );
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "metadata": { "labels": { label.0: label.1 } } })),
+        )
+        .await?;
+    let _policy = NodeUpdatePolicy::create(
+        &client,
+        &ns,
+        label,
+        Rule {
+            expression: "!(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable) \
+                         || (has(object.spec.unschedulable) && object.spec.unschedulable)",
+            message: "this node must stay cordoned",
+        },
+        node,
+        serde_json::json!({ "spec": { "unschedulable": false } }),
+        WAIT,
+    )
+    .await?;
+    delete_request(&client, &ns, "m").await?;
+    let note = wait_for(
+        "a StepFailed Event about the refused uncordon",
+        WAIT,
+        || async {
+            Ok(events_about(&client, &ns, "m")
+                .await?
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("StepFailed"))
+                .and_then(|e| e.note))
+        },
+    )
+    .await?;
+    let named = format!("could not uncordon node {node}");
+    ensure!(
+        note.contains(&named) && note.contains("must stay cordoned"),
+        "the StepFailed Event names neither the call nor the answer: {note:?}"
+    );
+    let held = get_request(&client, &ns, "m")
+        .await?
+        .context("the request went although its node is still cordoned")?;
+    ensure!(
+        held.finalizers().iter().any(|f| f == FINALIZER),
+        "the deletion went on although {node} is still cordoned: {}",
+        describe(&held)
+    );
+    ensure!(
+        node_unschedulable(&client, node).await?,
+        "{node} uncordoned in spite of the policy"
+    );
+    // The policy's binding selects the node by this label: without it, the uncordon goes through.
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "metadata": { "labels": { label.0: null } } })),
+        )
+        .await?;
+    // The backoff of a failing step is 30 s at most.
+    wait_request_gone(&client, &ns, "m", WAIT).await?;
+    ensure!(
+        !node_unschedulable(&client, node).await?,
+        "{node} still cordoned after the request went"
     );
     monitor.finish().await?;
     Ok(())

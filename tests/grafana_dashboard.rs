@@ -24,12 +24,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use maintenance_actors::metrics::Metrics;
 use maintenance_crds::{
     Budget, DrainSpec, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance,
@@ -37,6 +34,7 @@ use maintenance_crds::{
 };
 use prometheus::proto::MetricType;
 use serde_json::{Value, json};
+use support::policy::{NodeUpdatePolicy, Rule};
 use support::*;
 
 const PREFIX: &str = "maintenance_operator_";
@@ -1048,67 +1046,6 @@ async fn wait_phase(
 const CORDON_FORBIDDEN_LABEL: (&str, &str) =
     ("dashboard-test.maintenance.nvidia.com/cordon", "forbidden");
 
-async fn forbid_cordon(client: &kube::Client, name: &str, node: &str) -> Result<()> {
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": { "resourceRules": [{
-                "apiGroups": [""], "apiVersions": ["v1"],
-                "operations": ["UPDATE"], "resources": ["nodes"]
-            }] },
-            "validations": [{
-                "expression": "!has(object.spec.unschedulable) || !object.spec.unschedulable",
-                "message": "this node must stay schedulable"
-            }]
-        }
-    }))?;
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": { "objectSelector": { "matchLabels": {
-                CORDON_FORBIDDEN_LABEL.0: CORDON_FORBIDDEN_LABEL.1
-            } } }
-        }
-    }))?;
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .context("creating the ValidatingAdmissionPolicy")?;
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .context("creating the ValidatingAdmissionPolicyBinding")?;
-    // The API server loads policies asynchronously: wait until a dry-run cordon is refused.
-    let nodes: Api<Node> = Api::all(client.clone());
-    let dry_run = PatchParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let cordon = json!({ "spec": { "unschedulable": true } });
-    wait_until(
-        &format!("the policy to refuse cordoning {node}"),
-        MINUTE,
-        || {
-            let (nodes, dry_run, cordon) = (nodes.clone(), dry_run.clone(), cordon.clone());
-            async move {
-                match nodes.patch(node, &dry_run, &Patch::Merge(&cordon)).await {
-                    Ok(_) => Ok(Check::Pending("a dry-run cordon was accepted".into())),
-                    Err(err) => match api_error(&err) {
-                        Some((_, message)) if message.contains("must stay schedulable") => {
-                            Ok(Check::Done(()))
-                        }
-                        _ => Err(err.into()),
-                    },
-                }
-            }
-        },
-    )
-    .await
-}
-
 #[tokio::test]
 async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometheus() -> Result<()>
 {
@@ -1153,7 +1090,19 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
     let locked = create_nodes(&client, &locked_prefix, 1, &[CORDON_FORBIDDEN_LABEL]).await?;
     let all_nodes: Vec<String> = nodes.iter().chain(&locked).cloned().collect();
     wait_nodes_ready(&client, &all_nodes, 2 * MINUTE).await?;
-    forbid_cordon(&client, &unique_name("forbid-cordon"), &locked[0]).await?;
+    let _cordon_refused = NodeUpdatePolicy::create(
+        &client,
+        &unique_name("forbid-cordon"),
+        CORDON_FORBIDDEN_LABEL,
+        Rule {
+            expression: "!has(object.spec.unschedulable) || !object.spec.unschedulable",
+            message: "this node must stay schedulable",
+        },
+        &locked[0],
+        json!({ "spec": { "unschedulable": true } }),
+        MINUTE,
+    )
+    .await?;
 
     let ns = unique_name("shop");
     create_namespace(&client, &ns).await?;

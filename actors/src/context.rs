@@ -271,6 +271,14 @@ pub fn api_status_code(err: &kube::Error) -> Option<u16> {
     }
 }
 
+/// What the API server said, without kube's wrapping: it is quoted in statuses and Events.
+pub fn api_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
 /// True when a kube error is a 409 Conflict (our copy of the object was stale).
 pub fn is_conflict(err: &kube::Error) -> bool {
     api_status_code(err) == Some(409)

@@ -21,6 +21,7 @@ use maintenance_core::actor_runs::RunEnd;
 use maintenance_core::conditions::annotation_value;
 use maintenance_core::drain_plan;
 use maintenance_core::eviction::{DeleteOutcome, EvictionOutcome};
+use maintenance_core::failed_step::{self, StepCall};
 use maintenance_core::lifecycle::{
     self, Action, EventReason, EvictionOrder, ForceDeleteOrder, Ledger, NodeView, Observed, Step,
 };
@@ -31,7 +32,7 @@ use maintenance_crds::{
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
-use crate::context::{Context, is_conflict, is_not_found};
+use crate::context::{Context, api_message, api_status_code, is_conflict, is_not_found};
 use crate::task::AbortOnDrop;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -253,7 +254,7 @@ impl Actor for NodeActor {
         }
         match run_step(&myself, state).await {
             Ok(()) => state.consecutive_errors = 0,
-            Err(err) => {
+            Err(StepError { call, err }) => {
                 state.consecutive_errors += 1;
                 // A conflict: someone else wrote the object. Not found: the request (or its
                 // node) is gone. Either way the request is read again.
@@ -269,10 +270,26 @@ impl Actor for NodeActor {
                         myself.stop(Some("request gone".into()));
                     }
                 } else {
-                    tracing::warn!(request = %state.key(), node = %state.node(), error = %err, retry_in = ?delay, "maintenance step failed; retrying");
+                    let failure = failed_step::message(
+                        call,
+                        state.node(),
+                        api_status_code(&err),
+                        &api_message(&err),
+                        delay,
+                    );
+                    tracing::warn!(request = %state.key(), node = %state.node(), %failure, "maintenance step failed; retrying");
                     state.ctx.error("node_step");
+                    if failed_step::reported(state.consecutive_errors) {
+                        let request = state.request.clone();
+                        state.ctx.event(
+                            &request,
+                            true,
+                            EventReason::StepFailed.as_str(),
+                            failure.clone(),
+                        );
+                    }
                     if let Some(write) =
-                        lifecycle::status_after_failed_step(&state.request, &err.to_string(), now)
+                        lifecycle::status_after_failed_step(&state.request, &failure, now)
                     {
                         match state.ctx.apply_status_write(&state.request, &write).await {
                             Ok(updated) => state.request = Arc::new(updated),
@@ -328,9 +345,19 @@ async fn observe_node(state: &NodeState) -> Result<NodeView, kube::Error> {
     Ok(NodeView::of(node.as_ref()))
 }
 
+/// A call of a step failed.
+struct StepError {
+    /// Which (`None`: one that names no call).
+    call: Option<StepCall>,
+    err: kube::Error,
+}
+
 /// One step: observe, decide (pure), execute.
-async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), kube::Error> {
-    let node = observe_node(state).await?;
+async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), StepError> {
+    let node = observe_node(state).await.map_err(|err| StepError {
+        call: Some(StepCall::ReadNode),
+        err,
+    })?;
     // Only to name the budgets in the status: a lookup that fails must not hold the step (a
     // deletion's uncordon, a gone node's release); the next step looks again.
     for (key, namespace, labels) in state.ledger.needs_covering_pdbs() {
@@ -428,90 +455,104 @@ async fn execute(
     myself: &ActorRef<NodeMsg>,
     state: &mut NodeState,
     step: &Step,
-) -> Result<(), kube::Error> {
+) -> Result<(), StepError> {
     for action in &step.actions {
-        match action {
-            Action::RecordInitialState { unschedulable } => {
-                annotate(
-                    state,
-                    INITIAL_UNSCHEDULABLE_ANNOTATION,
-                    unschedulable.to_string(),
-                )
-                .await?;
+        execute_action(myself, state, action)
+            .await
+            .map_err(|err| StepError {
+                call: StepCall::of(action),
+                err,
+            })?;
+    }
+    Ok(())
+}
+
+async fn execute_action(
+    myself: &ActorRef<NodeMsg>,
+    state: &mut NodeState,
+    action: &Action,
+) -> Result<(), kube::Error> {
+    match action {
+        Action::RecordInitialState { unschedulable } => {
+            annotate(
+                state,
+                INITIAL_UNSCHEDULABLE_ANNOTATION,
+                unschedulable.to_string(),
+            )
+            .await?;
+        }
+        Action::Adopt { at } => {
+            annotate(state, ADMITTED_TIME_ANNOTATION, annotation_value(*at)).await?;
+            let phase = state.request.phase();
+            tracing::info!(
+                request = %state.request.key(),
+                %phase,
+                "adopted a request another operator left in progress"
+            );
+            state.ctx.metrics.requests_adopted_total.inc();
+            let note = format!(
+                "adopted in phase {phase} from another operator; the phase's timeouts count from {}",
+                maintenance_core::conditions::phase_since(&state.request).unwrap_or(*at)
+            );
+            state
+                .ctx
+                .event(&state.request, false, EventReason::Adopted.as_str(), note);
+            // The adopted version is stepped at once, not when the watch brings it back.
+            let _ = myself.cast(NodeMsg::Step);
+        }
+        Action::RecordReadyTime { at } => {
+            annotate(state, READY_TIME_ANNOTATION, annotation_value(*at)).await?;
+        }
+        Action::AddFinalizer => {
+            let mut finalizers = state.request.finalizers().to_vec();
+            finalizers.push(FINALIZER.to_string());
+            state.request = Arc::new(patch_finalizers(state, finalizers).await?);
+        }
+        Action::Cordon => set_unschedulable(state, true).await?,
+        Action::Uncordon => set_unschedulable(state, false).await?,
+        Action::Evict(orders) => {
+            for order in orders {
+                start_eviction(myself, state, order.clone());
             }
-            Action::Adopt { at } => {
-                annotate(state, ADMITTED_TIME_ANNOTATION, annotation_value(*at)).await?;
-                let phase = state.request.phase();
-                tracing::info!(
-                    request = %state.request.key(),
-                    %phase,
-                    "adopted a request another operator left in progress"
-                );
-                state.ctx.metrics.requests_adopted_total.inc();
-                let note = format!(
-                    "adopted in phase {phase} from another operator; the phase's timeouts count from {}",
-                    maintenance_core::conditions::phase_since(&state.request).unwrap_or(*at)
-                );
+        }
+        Action::ForceDelete(orders) => {
+            for order in orders {
+                start_force_delete(myself, state, order.clone());
+            }
+        }
+        Action::WriteStatus(write) => {
+            let updated = state.ctx.apply_status_write(&state.request, write).await?;
+            state.request = Arc::new(updated);
+            state.ledger.last_status_write = Some(jiff::Timestamp::now());
+        }
+        Action::Event(event) => {
+            let request = state.request.clone();
+            state.ctx.event(
+                &request,
+                event.warning,
+                event.reason.as_str(),
+                event.note.clone(),
+            );
+        }
+        Action::RemoveFinalizer {
+            phase,
+            in_phase_for,
+        } => {
+            remove_finalizer(state).await?;
+            if let Some(spent) = in_phase_for {
                 state
                     .ctx
-                    .event(&state.request, false, EventReason::Adopted.as_str(), note);
-                // The adopted version is stepped at once, not when the watch brings it back.
-                let _ = myself.cast(NodeMsg::Step);
+                    .metrics
+                    .phase_duration_seconds
+                    .with_label_values(&[phase.as_str()])
+                    .observe(spent.as_secs_f64());
             }
-            Action::RecordReadyTime { at } => {
-                annotate(state, READY_TIME_ANNOTATION, annotation_value(*at)).await?;
-            }
-            Action::AddFinalizer => {
-                let mut finalizers = state.request.finalizers().to_vec();
-                finalizers.push(FINALIZER.to_string());
-                state.request = Arc::new(patch_finalizers(state, finalizers).await?);
-            }
-            Action::Cordon => set_unschedulable(state, true).await?,
-            Action::Uncordon => set_unschedulable(state, false).await?,
-            Action::Evict(orders) => {
-                for order in orders {
-                    start_eviction(myself, state, order.clone());
-                }
-            }
-            Action::ForceDelete(orders) => {
-                for order in orders {
-                    start_force_delete(myself, state, order.clone());
-                }
-            }
-            Action::WriteStatus(write) => {
-                let updated = state.ctx.apply_status_write(&state.request, write).await?;
-                state.request = Arc::new(updated);
-                state.ledger.last_status_write = Some(jiff::Timestamp::now());
-            }
-            Action::Event(event) => {
-                let request = state.request.clone();
-                state.ctx.event(
-                    &request,
-                    event.warning,
-                    event.reason.as_str(),
-                    event.note.clone(),
-                );
-            }
-            Action::RemoveFinalizer {
-                phase,
-                in_phase_for,
-            } => {
-                remove_finalizer(state).await?;
-                if let Some(spent) = in_phase_for {
-                    state
-                        .ctx
-                        .metrics
-                        .phase_duration_seconds
-                        .with_label_values(&[phase.as_str()])
-                        .observe(spent.as_secs_f64());
-                }
-            }
-            Action::DrainFinished { after } => state
-                .ctx
-                .metrics
-                .drain_duration_seconds
-                .observe(after.as_secs_f64()),
         }
+        Action::DrainFinished { after } => state
+            .ctx
+            .metrics
+            .drain_duration_seconds
+            .observe(after.as_secs_f64()),
     }
     Ok(())
 }

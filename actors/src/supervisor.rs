@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use maintenance_core::lifecycle;
 
-use crate::context::{Context, api_status_code, is_conflict, is_not_found};
+use crate::context::{Context, api_message, api_status_code, is_conflict, is_not_found};
 use crate::evictor::EvictionRate;
 use crate::metrics::BudgetSample;
 use crate::node_actor::{NodeActor, NodeArgs, NodeMsg};
@@ -749,15 +749,6 @@ fn wake_at(
         *armed = Some(at);
         let delay = Duration::try_from(at.duration_since(now)).unwrap_or_default();
         myself.send_after(delay, message);
-    }
-}
-
-/// What the API server said, without kube's wrapping: it is quoted in the request's Pending
-/// message.
-fn api_message(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
-        other => other.to_string(),
     }
 }
 

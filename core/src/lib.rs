@@ -14,6 +14,7 @@ pub mod drain_plan;
 pub mod drainability;
 pub mod eviction;
 pub mod explain;
+pub mod failed_step;
 #[cfg(test)]
 mod fixtures;
 pub mod label_selector;

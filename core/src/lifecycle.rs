@@ -198,6 +198,8 @@ pub enum EventReason {
     /// A pod was deleted past `drainSpec.forceDeleteAfterSeconds`, bypassing its
     /// PodDisruptionBudget (a Warning on the request and on the pod).
     ForceDeleted,
+    /// A call of a step failed and is retried (see [`crate::failed_step`]).
+    StepFailed,
 }
 
 impl EventReason {
@@ -211,6 +213,7 @@ impl EventReason {
             EventReason::Adopted => "Adopted",
             EventReason::GarbageCollected => "GarbageCollected",
             EventReason::ForceDeleted => "ForceDeleted",
+            EventReason::StepFailed => "StepFailed",
         }
     }
 }
@@ -1078,17 +1081,18 @@ pub fn admission_read_back(
 }
 
 /// After a failed step: a request that only its admission shows Scheduled gets Scheduled written
-/// with `error`, or its status would stay blank (or keep the reason it waited for) while the
-/// step is retried. Any other status is left as it is: the step writes its own.
+/// with the failure (`failed_step::message`), or its status would stay blank (or keep the reason
+/// it waited for) while the step is retried. Any other status is left as it is: the step writes
+/// its own, and the failure goes to a Warning Event.
 pub fn status_after_failed_step(
     request: &NodeMaintenance,
-    error: &str,
+    failure: &str,
     now: Timestamp,
 ) -> Option<StatusWrite> {
     if !request.admitted_not_shown() || request.is_deleting() {
         return None;
     }
-    let message = format!("admitted; the next step failed and is retried: {error}");
+    let message = format!("admitted; {failure}");
     Some(enter_phase(
         request,
         Phase::Scheduled,

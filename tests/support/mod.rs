@@ -1243,3 +1243,4 @@ pub mod chart;
 pub mod faults;
 pub mod invariants;
 pub mod operator;
+pub mod policy;
