@@ -329,6 +329,13 @@ pub struct PodEviction {
     pub force: Option<ForceDelete>,
 }
 
+impl PodEviction {
+    /// A deletion past the deadline was sent (or is about to be) and its answer has not come.
+    pub fn awaits_deletion_answer(&self) -> bool {
+        self.in_flight && self.force.is_some()
+    }
+}
+
 /// A pod being deleted past the escalation deadline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForceDelete {
@@ -1381,10 +1388,20 @@ fn on_draining(
         .iter()
         .map(|p| (PodRef::from_pod(p).key(), &**p))
         .collect();
+    // A deletion past the deadline whose answer is still due is kept even if its pod has left the
+    // cache: the answer carries the record of the budget bypassed, and the drain waits for it.
     ledger.evictions.retain(|key, e| {
-        live.get(key)
-            .is_some_and(|p| p.metadata.uid.as_deref() == e.uid.as_deref())
+        e.awaits_deletion_answer()
+            || live
+                .get(key)
+                .is_some_and(|p| p.metadata.uid.as_deref() == e.uid.as_deref())
     });
+    let deletions_unanswered: Vec<String> = ledger
+        .evictions
+        .iter()
+        .filter(|(key, e)| e.awaits_deletion_answer() && !live.contains_key(*key))
+        .map(|(key, _)| key.clone())
+        .collect();
     if ledger.last_progress.is_none() {
         ledger.last_progress = Some(now);
     }
@@ -1545,6 +1562,7 @@ fn on_draining(
         .map(PodRef::key)
         .chain(plan.blocked.iter().map(|(p, _)| p.key()))
         .chain(terminating.iter().cloned())
+        .chain(deletions_unanswered)
         .filter(|key| !arrived_later.contains(key))
         .collect();
     remaining.sort();

@@ -1795,6 +1795,46 @@ fn a_pod_deleted_past_the_deadline_is_deleted_once_and_recorded() {
     );
 }
 
+/// A pod deleted past the deadline can vanish from the pod cache before the deletion's answer
+/// comes back (no grace period, a quick kubelet). The drain waits for the answer, which carries
+/// the record of the budget bypassed: it used to forget the pod with the cache, finish, and never
+/// write the record.
+#[test]
+fn a_deleted_pod_gone_before_the_answer_is_still_recorded() {
+    let nm = with_force_delete_after(with_drain(request(Phase::Draining), 300), 5);
+    let pods = [pod("app", "web-1")];
+    let mut ledger = Ledger::default();
+    run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
+    let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
+    assert_eq!(force_deleted(&step).len(), 1);
+
+    let step = run_with(&nm, CORDONED, Some(&[]), at(5), &mut ledger);
+    assert_eq!(
+        moved_to(&step),
+        None,
+        "the drain finished before the deletion's answer: {step:?}"
+    );
+    ledger.record_force_delete(
+        "app/web-1",
+        Some("uid-app-web-1"),
+        DeleteOutcome::Deleted,
+        at(5),
+        0.5,
+    );
+    let step = run_with(&nm, CORDONED, Some(&[]), at(6), &mut ledger);
+    assert_eq!(moved_to(&step), Some(Phase::Ready), "{step:?}");
+    let ready = status_writes(&step)[0];
+    assert_eq!(
+        ready.status.drain.as_ref().map(|d| d.force_deleted.clone()),
+        Some(vec![ForceDeletedPod {
+            pod: "app/web-1".into(),
+            pdb: "web".into(),
+            deleted_at: Time(at(5)),
+        }])
+    );
+}
+
 /// A deletion the API server refuses (say, RBAC without `delete` on pods) is retried as a
 /// deletion after its backoff, and the status says what to fix.
 #[test]
