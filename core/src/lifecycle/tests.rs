@@ -1714,10 +1714,9 @@ fn without_the_field_no_pod_is_ever_deleted() {
     assert_eq!(step.wake_at, Some(after(at(1_000_000), HEARTBEAT)));
 }
 
-/// A deleted pod is terminating, then gone: never deleted twice, not after a restart either (the
-/// record is on the object), and a 404 means there is nothing left to bypass.
-#[test]
-fn a_pod_deleted_past_the_deadline_is_deleted_once_and_recorded() {
+/// `app/web-1`, refused by its budget at 1 s, is deleted at the deadline (5 s); the deletion's
+/// answer has not come.
+fn deleted_past_the_deadline() -> (NodeMaintenance, [Pod; 1], Ledger) {
     let nm = with_force_delete_after(with_drain(request(Phase::Draining), 300), 5);
     let pods = [pod("app", "web-1")];
     let mut ledger = Ledger::default();
@@ -1725,6 +1724,14 @@ fn a_pod_deleted_past_the_deadline_is_deleted_once_and_recorded() {
     answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
     let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
     assert_eq!(force_deleted(&step).len(), 1);
+    (nm, pods, ledger)
+}
+
+/// A deleted pod is terminating, then gone: never deleted twice, not after a restart either (the
+/// record is on the object), and a 404 means there is nothing left to bypass.
+#[test]
+fn a_pod_deleted_past_the_deadline_is_deleted_once_and_recorded() {
+    let (nm, pods, mut ledger) = deleted_past_the_deadline();
     // In flight: no second call.
     let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
     assert!(force_deleted(&step).is_empty() && evicted(&step).is_empty());
@@ -1801,13 +1808,7 @@ fn a_pod_deleted_past_the_deadline_is_deleted_once_and_recorded() {
 /// write the record.
 #[test]
 fn a_deleted_pod_gone_before_the_answer_is_still_recorded() {
-    let nm = with_force_delete_after(with_drain(request(Phase::Draining), 300), 5);
-    let pods = [pod("app", "web-1")];
-    let mut ledger = Ledger::default();
-    run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
-    answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
-    let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
-    assert_eq!(force_deleted(&step).len(), 1);
+    let (nm, _, mut ledger) = deleted_past_the_deadline();
 
     let step = run_with(&nm, CORDONED, Some(&[]), at(5), &mut ledger);
     assert_eq!(
