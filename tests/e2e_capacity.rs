@@ -1,7 +1,8 @@
 //! Capacity-aware admission (`spec.admission.checkCapacity`) on a live control plane: a node
 //! whose pods would not fit on the other nodes is not admitted, its Pending message, `plan` and
 //! the metrics say what is missing and by how much; once a node is added it is admitted, drained,
-//! and its pod runs on the new node. On a testbed of its own: capacity counts every node.
+//! and its pod runs on the new node. While every slot is taken, neither `checkCapacity` nor
+//! `preferDrainable` reads a pod. On testbeds of their own: capacity counts every node.
 //!
 //! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_capacity`
 
@@ -16,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use maintenance_crds::{Admission, MaintenanceOperatorConfigSpec, Phase};
+use support::audit::{AuditLog, BENCH_OPERATOR_ACCOUNT};
 use support::invariants::*;
 use support::operator::*;
 use support::*;
@@ -154,6 +156,107 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
         "pods left on the drained node: {}",
         left.len()
     );
+    monitor.finish().await?;
+    Ok(())
+}
+
+/// `checkCapacity` lists every pod of the cluster, and `preferDrainable` the pods of each Pending
+/// request's node; both used to do it on every scheduling round, also while every slot was taken
+/// and nothing could be admitted (most rounds of a rollout: on a big fleet, a list of every pod
+/// many times a second). Now those rounds read nothing (`scheduler::can_admit_any`), counted from
+/// the API server's audit log, which logs the reads of this operator's account; once the slot
+/// frees, the next request is admitted through both checks.
+#[tokio::test]
+async fn rounds_with_every_slot_taken_read_no_pods() -> Result<()> {
+    const ROUNDS: u32 = 10;
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(
+        &client,
+        Some(MaintenanceOperatorConfigSpec {
+            max_parallel_operations: Some(IntOrString::Int(1)),
+            admission: Some(Admission {
+                check_capacity: Some(true),
+                prefer_drainable: Some(true),
+                ..Admission::default()
+            }),
+            ..MaintenanceOperatorConfigSpec::default()
+        }),
+    )
+    .await?;
+    let prefix = unique_name("capidle");
+    let nodes = create_nodes(&client, &prefix, 3, &[]).await?;
+    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let ns = unique_name("capidle");
+    create_namespace(&client, &ns).await?;
+    let pod = PodSpecOptions::on_nodes_with_prefix(&prefix);
+    create_deployment(&client, &ns, "web", 3, &[("app", "web")], &pod).await?;
+    wait_pods_ready(&client, &ns, "app=web", 3, WAIT).await?;
+    // preferDrainable reads the pods of waiting nodes only when some budget exists.
+    create_pdb_max_unavailable(&client, &ns, "web", &[("app", "web")], IntOrString::Int(1)).await?;
+    let monitor = InvariantMonitor::start(
+        &testbed,
+        Scope::new(&ns, &nodes).operator_user(service_account_user(BENCH_OPERATOR_ACCOUNT)),
+    )
+    .await?;
+    let op = Operator::start_as(&testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
+
+    // The holder takes the only slot and keeps it (Ready until deleted); two drains wait.
+    create_request(&client, &ns, "holder", request_spec(&nodes[0], REQUESTOR)).await?;
+    wait_phase(&client, &ns, "holder", Phase::Ready, WAIT).await?;
+    for (name, node) in [("second", &nodes[1]), ("third", &nodes[2])] {
+        let mut spec = request_spec(node, REQUESTOR);
+        spec.drain_spec = drain_spec(false, 0);
+        create_request(&client, &ns, name, spec).await?;
+        wait_phase(&client, &ns, name, Phase::Pending, WAIT).await?;
+    }
+    wait_scheduler_rounds(&op, 1).await?;
+    let since = jiff::Timestamp::now();
+    // Each node change brings a round.
+    for i in 0..ROUNDS {
+        for node in &nodes {
+            add_node_label(&client, node, "capidle.example.com/touch", &i.to_string()).await?;
+        }
+    }
+    wait_scheduler_rounds(&op, ROUNDS).await?;
+    let audit = AuditLog::read(&testbed)?;
+    let pod_lists: Vec<String> = audit
+        .reads
+        .iter()
+        .filter(|r| {
+            r.received > since
+                && r.user == service_account_user(BENCH_OPERATOR_ACCOUNT)
+                && r.verb == "list"
+                && r.resource == "pods"
+        })
+        .map(|r| format!("{} {}", r.received, r.namespace))
+        .collect();
+    ensure!(
+        pod_lists.is_empty(),
+        "{} pod lists in {ROUNDS} or more rounds that could admit nothing: {pod_lists:?}",
+        pod_lists.len()
+    );
+
+    // A slot frees: the next request is admitted, through both checks.
+    delete_request(&client, &ns, "holder").await?;
+    wait_request_gone(&client, &ns, "holder", WAIT).await?;
+    wait_for("the next request to be admitted", WAIT, || async {
+        let admitted = list_requests(&client, &ns)
+            .await?
+            .into_iter()
+            .any(|r| r.phase() != Phase::Pending);
+        Ok(admitted.then_some(()))
+    })
+    .await?;
+    let audit = AuditLog::read(&testbed)?;
+    ensure!(
+        audit.reads.iter().any(|r| r.received > since
+            && r.user == service_account_user(BENCH_OPERATOR_ACCOUNT)
+            && r.verb == "list"
+            && r.resource == "pods"),
+        "precondition: the round that admitted read no pods, so the checks were not on"
+    );
+    release_all_when_ready(&client, &ns, WAIT).await?;
     monitor.finish().await?;
     Ok(())
 }

@@ -7,8 +7,8 @@
 //! - HTTP faults from the testbed's faultproxy: 5% of requests answered 500 (half of them after
 //!   the API server did the work) or 429 with Retry-After, every watch cut every few seconds;
 //!   and, on small clusters of their own, every admission applied but answered 500 while the
-//!   operator's watches lag 1 s, and requests deleted the moment they are admitted while the
-//!   watches lag 1 s;
+//!   operator's watches lag 1 s, requests deleted the moment they are admitted while the
+//!   watches lag 1 s, and a request whose finalizer is removed by hand as it is deleted;
 //! - kube-apiserver stopped for 20 s mid-drain and started again; etcd restarted mid-drain;
 //! - the leader partitioned from the API server mid-drain: the standby takes over, and the audit
 //!   log shows no write of the old leader after the new leader's first write.
@@ -928,6 +928,53 @@ async fn an_admission_whose_answer_is_lost_keeps_its_slot() -> Result<()> {
         "the monitor saw {} admissions for {REQUESTS} requests",
         report.admissions
     );
+    Ok(())
+}
+
+/// A request that goes without our cleanup has its cordon undone all the same. Here the requestor
+/// removes our finalizer from a Ready request by hand and deletes it at once, while the
+/// operator's watches lag 1 s: the operator never sees the request deleting, only gone. (The API server can
+/// do the same on its own: in e2e_nvidia, a DELETE that raced the admission went through after
+/// the admission had added our finalizer.) The supervisor used to stop the request's actor, and
+/// the node stayed cordoned; now the actor undoes the cordon first (`lifecycle::on_request_gone`)
+/// and holds the node until it has.
+#[tokio::test]
+async fn a_request_gone_without_our_cleanup_has_its_cordon_undone() -> Result<()> {
+    let _turn = SERIAL.lock().await;
+    let faults = HttpFaults {
+        watch_delay_ms: 1000,
+        ..HttpFaults::default()
+    };
+    let cluster = behind_proxy("hand-removed", 1, limits(1, 1), &faults).await?;
+    let (client, ns, node) = (&cluster.client, &cluster.ns, &cluster.nodes[0]);
+    create_request(client, ns, "m", request_spec(node, REQUESTOR)).await?;
+    wait_phase(client, ns, "m", Phase::Ready, SETUP).await?;
+    ensure!(
+        node_unschedulable(client, node).await?,
+        "precondition: {node} is not cordoned while Ready"
+    );
+    // The finalizer first, then the deletion, which then goes through at once: the operator
+    // never sees the request deleting.
+    Api::<NodeMaintenance>::namespaced(client.clone(), ns)
+        .patch(
+            "m",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .context("removing the finalizers by hand")?;
+    delete_request(client, ns, "m").await?;
+    ensure!(
+        get_request(client, ns, "m").await?.is_none(),
+        "precondition: the request is still there"
+    );
+    wait_for(
+        &format!("{node} to be uncordoned after its request went"),
+        Duration::from_secs(20),
+        || async { Ok((!node_unschedulable(client, node).await?).then_some(())) },
+    )
+    .await?;
+    cluster.monitor.finish().await?;
     Ok(())
 }
 

@@ -24,17 +24,6 @@ async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String
     isolated_setup(prefix, count, WAIT).await
 }
 
-async fn add_node_label(client: &Client, node: &str, key: &str, value: &str) -> Result<()> {
-    Api::<Node>::all(client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {key: value}}})),
-        )
-        .await?;
-    Ok(())
-}
-
 async fn pods_on_node(client: &Client, ns: &str, node: &str) -> Result<Vec<Pod>> {
     let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
     Ok(Api::<Pod>::namespaced(client.clone(), ns)

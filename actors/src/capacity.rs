@@ -2,8 +2,8 @@
 //! `maintenance_core::capacity` inside the scheduling round).
 //!
 //! The check needs what every node already has requested, so it reads the pods of the whole
-//! cluster: one paged list per round, and only while a request is Pending (rounds are coalesced,
-//! so at most one runs at a time). Each page is folded into per-node sums and dropped; only the
+//! cluster: one paged list per round, and only while a request is Pending and a slot is free
+//! (`scheduler::can_admit_any`; rounds are coalesced, so at most one runs at a time). Each page is folded into per-node sums and dropped; only the
 //! pods that drains would evict are kept, so memory follows the nodes under maintenance, not the
 //! cluster's pods. Nodes come from the supervisor's cache, which keeps `status.allocatable`.
 

@@ -1,8 +1,9 @@
 //! Observations for `spec.admission.preferDrainable`: which Pending requests' drains would only
 //! wait on a PodDisruptionBudget right now (the decision is `maintenance_core::drainability`).
 //!
-//! Memory: no pod cache. Each round (rounds are coalesced, so at most one runs at a time) lists
-//! only the pods of the nodes of Pending requests, paged and by field selector `spec.nodeName`,
+//! Memory: no pod cache. Each round that can admit (a free slot: `scheduler::can_admit_any`;
+//! rounds are coalesced, so at most one runs at a time) lists only the pods of the nodes of
+//! Pending requests, paged and by field selector `spec.nodeName`,
 //! and the PDBs of the cluster in one paged list (PDBs are few, and a listed copy lives only for
 //! the round). A cluster-wide pod reflector would cost memory for every pod of the cluster all
 //! the time, to serve a preference that looks at a handful of nodes. Nothing is read when the

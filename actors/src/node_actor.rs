@@ -63,6 +63,9 @@ pub enum NodeMsg {
         call: u64,
         outcome: DeleteOutcome,
     },
+    /// The supervisor's cache no longer shows the request (or shows it without our finalizer)
+    /// while this actor still runs: the request went without our cleanup.
+    RequestGone,
 }
 
 pub struct NodeActor;
@@ -92,6 +95,9 @@ pub struct NodeState {
     request: Arc<NodeMaintenance>,
     nodes: Store<Node>,
     end: Arc<OnceLock<RunEnd>>,
+    /// The request went without our cleanup (see `lifecycle::on_request_gone`): what it did to
+    /// the node is undone, then the actor stops.
+    gone: bool,
     pods: Option<PodWatch>,
     ledger: Ledger,
     next_step_at: Option<Instant>,
@@ -183,6 +189,7 @@ impl Actor for NodeActor {
             request: args.request,
             nodes: args.nodes,
             end: args.end,
+            gone: false,
             pods: None,
             ledger: Ledger::default(),
             next_step_at: None,
@@ -235,6 +242,7 @@ impl Actor for NodeActor {
                     .ledger
                     .record(&key, uid.as_deref(), outcome, now, rand::random::<f64>());
             }
+            NodeMsg::RequestGone => state.gone = true,
             NodeMsg::ForceDeleted {
                 key,
                 uid,
@@ -263,12 +271,10 @@ impl Actor for NodeActor {
                 if stale {
                     // Read it again and go on; a request that is gone meanwhile (our finalizer
                     // was the last) needs nothing more.
-                    if refresh(state).await {
-                        state.schedule_step(&myself, delay);
-                    } else {
-                        let _ = state.end.set(RunEnd::RequestGone);
-                        myself.stop(Some("request gone".into()));
+                    if !refresh(state).await {
+                        state.gone = true;
                     }
+                    state.schedule_step(&myself, delay);
                 } else {
                     let failure = failed_step::message(
                         call,
@@ -391,7 +397,13 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
         operator: &state.ctx.identity,
     };
     let now = jiff::Timestamp::now();
-    let step = lifecycle::step(&state.request, &observed, now, &mut state.ledger);
+    // A request gone without our cleanup: only what it did to the node is undone.
+    let step = if state.gone {
+        state.ledger.clear();
+        lifecycle::on_request_gone(&state.request, node)
+    } else {
+        lifecycle::step(&state.request, &observed, now, &mut state.ledger)
+    };
     tracing::trace!(request = %state.key(), phase = %state.request.phase(), actions = step.actions.len(), "step");
 
     if step.watch_pods {
@@ -412,11 +424,17 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
     report_metrics(state, step.last_progress);
     executed?;
     if step.finished {
-        tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished");
-        let _ = state.end.set(RunEnd::Finished {
-            version: state.request.resource_version(),
-            node_gone: node == NodeView::Missing,
-        });
+        let end = if state.gone {
+            tracing::warn!(request = %state.key(), node = %state.node(), "the request went without our cleanup; what it did to the node is undone");
+            RunEnd::RequestGone
+        } else {
+            tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished");
+            RunEnd::Finished {
+                version: state.request.resource_version(),
+                node_gone: node == NodeView::Missing,
+            }
+        };
+        let _ = state.end.set(end);
         myself.stop(Some(MAINTENANCE_FINISHED.into()));
         return Ok(());
     }

@@ -2,7 +2,7 @@
 //! config, alone admits requests (Pending -> Scheduled) through the pure scheduler, and runs one
 //! linked [`NodeActor`] per request in progress, restarting failed ones with backoff.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -31,12 +31,12 @@ use crate::task::AbortOnDrop;
 use maintenance_core::actor_runs::{self, ActorAction, ActorRun, RunEnd};
 use maintenance_core::capacity::CapacityCheck;
 use maintenance_core::collection::{self, Cause};
-use maintenance_core::drainability::PreferDrainable;
+use maintenance_core::drainability::{DrainBlocker, PreferDrainable};
 use maintenance_core::explain::{Explanations, Observed};
 use maintenance_core::lifecycle::EventReason;
 use maintenance_core::ownership::{self, NodeIdentity};
 use maintenance_core::pending_taint;
-use maintenance_core::scheduler::{self, Limits, NodeStates, Snapshot, WaitCause};
+use maintenance_core::scheduler::{self, Limits, NodeStates, RequestKey, Snapshot, WaitCause};
 
 /// Writes (initial Pending status, owner references, admissions, reasons) made concurrently in
 /// one round.
@@ -91,9 +91,11 @@ pub struct Supervisor;
 /// A node actor at work, what it was given, and where it leaves how it ended.
 struct RunningActor {
     actor: ActorRef<NodeMsg>,
-    /// The newest resourceVersion of its request it was given (only ever moves forward).
-    forwarded: Option<String>,
+    /// The newest version of its request it was given (only ever moves forward).
+    request: Arc<NodeMaintenance>,
     end: Arc<OnceLock<RunEnd>>,
+    /// Told that its request went without our cleanup (`NodeMsg::RequestGone`).
+    told_gone: bool,
 }
 
 pub struct SupervisorState {
@@ -137,6 +139,9 @@ pub struct SupervisorState {
     /// the resourceVersion it was built on: not tried again until the cache shows another
     /// version (or drops the request), as the same write would only fail the same way.
     stale_admissions: HashMap<String, String>,
+    /// preferDrainable's last observation of which Pending requests' drains would wait on a
+    /// budget (reused while no slot is free).
+    drain_blockers: BTreeMap<RequestKey, DrainBlocker>,
     /// Failed actors: their failures in a row, and when they may start again.
     restarts: HashMap<String, (u32, Instant)>,
     change_queued: Arc<AtomicBool>,
@@ -268,6 +273,7 @@ impl Actor for Supervisor {
             tainting: HashMap::new(),
             admission_retries: HashMap::new(),
             stale_admissions: HashMap::new(),
+            drain_blockers: BTreeMap::new(),
             restarts: HashMap::new(),
             change_queued: queued,
             log_level: None,
@@ -375,7 +381,8 @@ impl Actor for Supervisor {
                         if let Some(end) = running.end.get() {
                             ended.push((
                                 uid.clone(),
-                                end.clone().at_least(running.forwarded.as_deref()),
+                                end.clone()
+                                    .at_least(running.request.resource_version().as_deref()),
                             ));
                         }
                     }
@@ -550,9 +557,18 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         }
         request.admission_retry = state.admission_retries.get(uid).cloned();
     }
+    gone_holders(state, &mut snapshot, &cached, &nodes_by_name);
     update_phase_gauge(&ctx, &requests);
+    // With every slot taken nothing is admitted: the pod reads below would be spent on nothing
+    // (a rollout spends most of its rounds so). preferDrainable keeps its last observation, which
+    // only words the Pending messages until a slot frees.
+    let can_admit = scheduler::can_admit_any(&snapshot, &limits);
     let mut prefer = PreferDrainable::from_config(config_spec.as_ref());
-    if prefer.enabled {
+    if !prefer.enabled {
+        state.drain_blockers.clear();
+    } else if !can_admit {
+        prefer.blocked = state.drain_blockers.clone();
+    } else {
         let unadmitted: Vec<Arc<NodeMaintenance>> = requests
             .iter()
             .filter(|r| {
@@ -566,9 +582,10 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
             nodes_by_name.contains_key(node)
         })
         .await;
+        state.drain_blockers = prefer.blocked.clone();
     }
     let mut capacity = CapacityCheck::from_config(config_spec.as_ref());
-    if capacity.enabled {
+    if capacity.enabled && can_admit {
         // All requests, not only Pending ones: drains in progress need room too.
         capacity = crate::capacity::observe_capacity(&ctx, &requests, &nodes, |node| {
             nodes_by_name.contains_key(node)
@@ -1288,6 +1305,48 @@ async fn write_admission(
     .await
 }
 
+/// Actors whose request went without our cleanup hold its node in the scheduler's view until
+/// they have undone the cordon (`lifecycle::actor_holds_node_of_gone_request`): a request the
+/// cache shows released (our finalizer removed by someone else) is not, and one it no longer
+/// shows is counted from the actor's last version.
+fn gone_holders(
+    state: &SupervisorState,
+    snapshot: &mut Snapshot,
+    cached: &HashMap<&str, &NodeMaintenance>,
+    nodes_by_name: &HashMap<&str, &Arc<Node>>,
+) {
+    for (uid, running) in &state.actors {
+        let last = &running.request;
+        let shown = cached.get(uid.as_str()).copied();
+        let node_exists = nodes_by_name.contains_key(last.spec.node_name.as_str());
+        if !lifecycle::actor_holds_node_of_gone_request(
+            last,
+            shown,
+            node_exists,
+            state.admitted.contains(uid),
+        ) {
+            continue;
+        }
+        let key = (
+            last.metadata.namespace.as_deref().unwrap_or_default(),
+            last.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let same = shown.is_some_and(|r| r.metadata.uid == last.metadata.uid);
+        match snapshot
+            .requests
+            .iter_mut()
+            .find(|r| same && (r.namespace.as_str(), r.name.as_str()) == key)
+        {
+            Some(request) => request.released = false,
+            None => {
+                let mut holder = scheduler::RequestState::from_request(last);
+                holder.released = false;
+                snapshot.requests.push(holder);
+            }
+        }
+    }
+}
+
 /// Keeps one node actor per request in progress and forwards each new version to it.
 async fn sync_actors(
     myself: &ActorRef<SupervisorMsg>,
@@ -1307,14 +1366,15 @@ async fn sync_actors(
         live.insert(uid.clone());
         ensure_actor(myself, state, request, node_exists).await;
     }
-    // Requests that are gone: stop their actors.
-    state.actors.retain(|uid, running| {
-        let keep = live.contains(uid);
-        if !keep {
-            running.actor.stop(Some("request gone".into()));
+    // Requests that went without our cleanup (gone, or our finalizer removed by someone else):
+    // their actors undo what the request did to the node (`lifecycle::on_request_gone`), then
+    // stop; until then they hold the node (`gone_holders`).
+    for (uid, running) in &mut state.actors {
+        if !live.contains(uid) && !running.told_gone {
+            running.told_gone = true;
+            let _ = running.actor.cast(NodeMsg::RequestGone);
         }
-        keep
-    });
+    }
     state.restarts.retain(|uid, _| live.contains(uid));
 }
 
@@ -1327,9 +1387,10 @@ async fn ensure_actor(
 ) {
     let Some(uid) = request.uid() else { return };
     let version = request.resource_version();
-    let run = match (state.actors.get(&uid), state.ended.get(&uid)) {
-        (Some(running), _) => ActorRun::Running {
-            forwarded: running.forwarded.as_deref(),
+    let forwarded = state.actors.get(&uid).map(|r| r.request.resource_version());
+    let run = match (&forwarded, state.ended.get(&uid)) {
+        (Some(forwarded), _) => ActorRun::Running {
+            forwarded: forwarded.as_deref(),
         },
         (None, Some(end)) => ActorRun::Ended(end),
         (None, None) => ActorRun::Never,
@@ -1338,7 +1399,7 @@ async fn ensure_actor(
         ActorAction::Nothing => {}
         ActorAction::Forward => {
             if let Some(running) = state.actors.get_mut(&uid) {
-                running.forwarded = version;
+                running.request = request.clone();
                 let _ = running.actor.cast(NodeMsg::Updated(request.clone()));
             }
         }
@@ -1373,8 +1434,9 @@ async fn ensure_actor(
                         uid,
                         RunningActor {
                             actor,
-                            forwarded: version,
+                            request: request.clone(),
                             end,
+                            told_gone: false,
                         },
                     );
                 }

@@ -882,6 +882,55 @@ fn step_in_phase(
 /// Deletion: in `Ready` and `RequestorFailed` it waits for `additionalRequestors` to be empty; in
 /// every earlier phase it stops the work and cleans up at once (NVIDIA: `handleTerminalState`
 /// waits, `handleCordonState`/`handleWaitPodCompletionState`/`handleDrainStateDelete` do not).
+/// The request vanished while its actor still held the node: the API server deleted it under our
+/// finalizer (a deletion that raced the admission's finalizer write: the DELETE found no finalizer
+/// and went through after the admission had added ours), or someone removed our finalizer by
+/// hand. Nothing else will undo what the request did to the node, so the actor undoes it now, as
+/// the deletion would have, from the last version it saw: the uncordon, if we owe it (from
+/// Scheduled on: the cordon may have happened). There is no object left to write.
+pub fn on_request_gone(last: &NodeMaintenance, node: NodeView) -> Step {
+    let mut step = Step {
+        finished: true,
+        ..Step::default()
+    };
+    if owes_uncordon_once_gone(last) && matches!(node, NodeView::Present { .. }) {
+        step.actions.push(Action::Uncordon);
+        step.actions.push(Action::Event(Event {
+            warning: true,
+            reason: EventReason::Uncordon,
+            note: format!(
+                "uncordoned {}: the request went without our cleanup (deleted under our \
+                 finalizer, or the finalizer was removed by hand)",
+                last.spec.node_name
+            ),
+        }));
+    }
+    step
+}
+
+/// Whether an actor whose request went without our cleanup, last seen as `last`, owes the node an
+/// uncordon ([`on_request_gone`]): until it is done, the node stays held, and no other request is
+/// admitted there (its admission would record our cordon as the node's initial state, and our
+/// uncordon would then land under it).
+pub fn owes_uncordon_once_gone(last: &NodeMaintenance) -> bool {
+    last.phase() != Phase::Pending && owes_uncordon(last)
+}
+
+/// Whether a running actor still holds its node although the request, as the cache shows it
+/// (`cached`, `None`: gone), needs no actor any more ([`needs_actor`]): the request went without
+/// our cleanup, and the actor has an uncordon to do ([`owes_uncordon_once_gone`]).
+pub fn actor_holds_node_of_gone_request(
+    last: &NodeMaintenance,
+    cached: Option<&NodeMaintenance>,
+    node_exists: bool,
+    admitted: bool,
+) -> bool {
+    let gone = cached.is_none_or(|r| {
+        r.metadata.uid != last.metadata.uid || !needs_actor(r, node_exists, admitted)
+    });
+    gone && node_exists && owes_uncordon_once_gone(last)
+}
+
 fn on_deletion(request: &NodeMaintenance, observed: &Observed<'_>, now: Timestamp) -> Step {
     if !has_finalizer(request) {
         return Step {

@@ -497,45 +497,27 @@ pub fn schedule_with(
     schedule_observed(snapshot, limits, prefer, &CapacityCheck::default(), now)
 }
 
-/// [`schedule_with`] and `checkCapacity`: a request that every limit admits is admitted only if
-/// the pods its drain would evict fit on the nodes left ([`crate::capacity`]); otherwise it waits
-/// with [`WaitCause::InsufficientCapacity`] and the shortfall. With the check off, this is
-/// [`schedule_with`].
-pub fn schedule_observed(
-    snapshot: &Snapshot,
-    limits: &Limits,
-    prefer: &PreferDrainable,
-    capacity: &CapacityCheck,
-    now: jiff::Timestamp,
-) -> Result<Decision, ScheduleError> {
-    let total_nodes = count(snapshot.nodes.len());
-    let max_parallel_operations = resolve_int_or_percent(
+/// `maxParallelOperations` resolved against the snapshot's nodes.
+fn max_parallel_operations(snapshot: &Snapshot, limits: &Limits) -> Result<u32, ScheduleError> {
+    resolve_int_or_percent(
         MAX_PARALLEL_OPERATIONS_FIELD,
         &limits.max_parallel_operations,
-        total_nodes,
+        count(snapshot.nodes.len()),
         Rounding::Up,
     )
-    .map_err(ScheduleError::InvalidLimit)?;
-    let max_unavailable = limits
-        .max_unavailable
-        .as_ref()
-        .map(|value| {
-            resolve_int_or_percent(MAX_UNAVAILABLE_FIELD, value, total_nodes, Rounding::Down)
-        })
-        .transpose()
-        .map_err(ScheduleError::InvalidLimit)?;
+    .map_err(ScheduleError::InvalidLimit)
+}
 
-    let existing_nodes: HashMap<&str, &NodeState> = snapshot
-        .nodes
-        .iter()
-        .map(|node| (node.name.as_str(), node))
-        .collect();
-    // Node -> the request holding it (the smallest key, so that reasons are stable). A request
-    // whose Node is gone holds nothing: there is no node left to keep unavailable, and its node
-    // actor only releases it (design guide, section 4; NVIDIA's preSchedule in
-    // internal/controller/nodemaintenancescheduler_controller.go counts only existing nodes).
-    // Nor does a released one (deleted, our cleanup done): only its requestor's finalizer keeps
-    // it, for as long as the requestor likes, and nothing of ours will change it again.
+/// Node -> the request holding it (the smallest key, so that reasons are stable). A request
+/// whose Node is gone holds nothing: there is no node left to keep unavailable, and its node
+/// actor only releases it (design guide, section 4; NVIDIA's preSchedule in
+/// internal/controller/nodemaintenancescheduler_controller.go counts only existing nodes). Nor
+/// does a released one (deleted, our cleanup done): only its requestor's finalizer keeps it, for
+/// as long as the requestor likes, and nothing of ours will change it again.
+fn nodes_in_maintenance<'a>(
+    snapshot: &'a Snapshot,
+    existing_nodes: &HashMap<&str, &NodeState>,
+) -> BTreeMap<&'a str, &'a RequestState> {
     let mut in_maintenance: BTreeMap<&str, &RequestState> = BTreeMap::new();
     for request in snapshot
         .requests
@@ -551,6 +533,59 @@ pub fn schedule_observed(
             })
             .or_insert(request);
     }
+    in_maintenance
+}
+
+/// The slots `maxParallelOperations` leaves free, as [`schedule_observed`] counts them. With
+/// none, a round admits nothing, whatever else it observes: the supervisor then skips the pod
+/// reads of `checkCapacity` and `preferDrainable` ([`can_admit_any`]; a whole-cluster list, and
+/// a list per Pending request's node), which used to run on every round of a rollout whose
+/// slots are all taken.
+pub fn free_slots(snapshot: &Snapshot, limits: &Limits) -> Result<u32, ScheduleError> {
+    let existing_nodes: HashMap<&str, &NodeState> = snapshot
+        .nodes
+        .iter()
+        .map(|node| (node.name.as_str(), node))
+        .collect();
+    let held = count(nodes_in_maintenance(snapshot, &existing_nodes).len());
+    Ok(max_parallel_operations(snapshot, limits)?.saturating_sub(held))
+}
+
+/// Whether a round may admit anything: false only when every slot is taken (an invalid limit
+/// counts as true, so that the round reports it). Without a free slot the pod reads of
+/// `checkCapacity` and `preferDrainable` would be spent on nothing.
+pub fn can_admit_any(snapshot: &Snapshot, limits: &Limits) -> bool {
+    free_slots(snapshot, limits).map_or(true, |free| free > 0)
+}
+
+/// [`schedule_with`] and `checkCapacity`: a request that every limit admits is admitted only if
+/// the pods its drain would evict fit on the nodes left ([`crate::capacity`]); otherwise it waits
+/// with [`WaitCause::InsufficientCapacity`] and the shortfall. With the check off, this is
+/// [`schedule_with`].
+pub fn schedule_observed(
+    snapshot: &Snapshot,
+    limits: &Limits,
+    prefer: &PreferDrainable,
+    capacity: &CapacityCheck,
+    now: jiff::Timestamp,
+) -> Result<Decision, ScheduleError> {
+    let total_nodes = count(snapshot.nodes.len());
+    let max_parallel_operations = max_parallel_operations(snapshot, limits)?;
+    let max_unavailable = limits
+        .max_unavailable
+        .as_ref()
+        .map(|value| {
+            resolve_int_or_percent(MAX_UNAVAILABLE_FIELD, value, total_nodes, Rounding::Down)
+        })
+        .transpose()
+        .map_err(ScheduleError::InvalidLimit)?;
+
+    let existing_nodes: HashMap<&str, &NodeState> = snapshot
+        .nodes
+        .iter()
+        .map(|node| (node.name.as_str(), node))
+        .collect();
+    let in_maintenance = nodes_in_maintenance(snapshot, &existing_nodes);
     // A set, so that a cordoned node under maintenance counts once.
     let unavailable_nodes: BTreeSet<&str> = in_maintenance
         .keys()
@@ -2017,6 +2052,10 @@ mod tests {
                 let decision = schedule(&snapshot, &limits, at(0)).unwrap();
                 let expected = Expected::new(&snapshot, &limits);
                 prop_assert_eq!(decision.available_slots, expected.available_slots);
+                prop_assert_eq!(free_slots(&snapshot, &limits).unwrap(), decision.available_slots);
+                if decision.available_slots == 0 {
+                    prop_assert!(decision.scheduled.is_empty(), "no free slot, yet admitted");
+                }
                 prop_assert_eq!(decision.can_become_unavailable, expected.can_become_unavailable);
 
                 let admitted: Vec<&RequestState> =

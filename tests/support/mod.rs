@@ -1238,6 +1238,19 @@ where
     }
 }
 
+/// Sets label `key=value` on `node` (a merge patch).
+pub async fn add_node_label(client: &Client, node: &str, key: &str, value: &str) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "metadata": { "labels": { key: value } } })),
+        )
+        .await
+        .with_context(|| format!("labelling node {node} {key}={value}"))?;
+    Ok(())
+}
+
 pub mod audit;
 pub mod chart;
 pub mod faults;

@@ -1995,3 +1995,74 @@ fn a_failed_step_backs_off_and_only_the_first_conflicts_retry_at_once() {
     assert_eq!(ms(retry_after_failed_step(false, 2)), 1_000);
     assert_eq!(ms(retry_after_failed_step(false, 9)), 30_000);
 }
+
+/// A request that vanished under our finalizer (seen in e2e_nvidia: a DELETE that raced the
+/// admission went through after the admission had added our finalizer; the actor had cordoned,
+/// its status write met a 404) is cleaned up from the last version the actor saw: the node is
+/// uncordoned if we owe it, and never if it was cordoned before us or the request never got past
+/// Pending.
+#[test]
+fn a_request_gone_without_our_cleanup_has_its_cordon_undone() {
+    for phase in [
+        Phase::Scheduled,
+        Phase::Cordon,
+        Phase::Draining,
+        Phase::Ready,
+    ] {
+        let step = on_request_gone(&request(phase), CORDONED);
+        assert!(step.finished, "{phase}");
+        assert_eq!(step.actions.first(), Some(&Action::Uncordon), "{phase}");
+    }
+    let admitted = admitted_by_metadata(at(7));
+    assert_eq!(
+        on_request_gone(&admitted, CORDONED).actions.first(),
+        Some(&Action::Uncordon),
+        "only its admission shows it Scheduled, and the first step cordons"
+    );
+    let before_us = with_initial_state(request(Phase::Ready), Some(true));
+    assert!(on_request_gone(&before_us, CORDONED).actions.is_empty());
+    assert!(
+        on_request_gone(&request(Phase::Pending), CORDONED)
+            .actions
+            .is_empty()
+    );
+    let gone_node = on_request_gone(&request(Phase::Ready), NodeView::Missing);
+    assert!(gone_node.finished && gone_node.actions.is_empty());
+}
+
+/// Until that uncordon is done the actor holds the node, so that no other request is admitted on
+/// it; a request still in progress, or one whose cleanup owes nothing, holds nothing this way.
+#[test]
+fn an_actor_holds_the_node_of_its_gone_request_until_the_uncordon() {
+    let last = request(Phase::Ready);
+    assert!(actor_holds_node_of_gone_request(&last, None, true, false));
+    let mut finalizer_removed_by_hand = last.clone();
+    finalizer_removed_by_hand.metadata.finalizers = None;
+    finalizer_removed_by_hand.metadata.deletion_timestamp = Some(Time(at(9)));
+    assert!(actor_holds_node_of_gone_request(
+        &last,
+        Some(&finalizer_removed_by_hand),
+        true,
+        false
+    ));
+    let mut recreated = last.clone();
+    recreated.metadata.uid = Some("uid-2".into());
+    assert!(actor_holds_node_of_gone_request(
+        &last,
+        Some(&recreated),
+        true,
+        false
+    ));
+    assert!(
+        !actor_holds_node_of_gone_request(&last, Some(&last), true, false),
+        "still in progress"
+    );
+    assert!(
+        !actor_holds_node_of_gone_request(&last, None, false, false),
+        "node gone"
+    );
+    let before_us = with_initial_state(request(Phase::Ready), Some(true));
+    assert!(!actor_holds_node_of_gone_request(
+        &before_us, None, true, false
+    ));
+}
