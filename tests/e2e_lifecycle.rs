@@ -6,11 +6,12 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
+use maintenance_core::cordon_mark;
 use maintenance_crds::{
     FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, Phase, WaitForPodCompletionSpec,
 };
@@ -454,5 +455,125 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
             "{node} left cordoned"
         );
     }
+    Ok(())
+}
+
+/// A request that goes without our cleanup while the operator is down (its finalizer removed by
+/// hand, then deleted) leaves a cordoned node that only the node's own mark remembers
+/// (`cordon_mark`). The restarted operator finds the mark of a request that nothing of its holds,
+/// keeps the node held (a request created on it meanwhile waits: admitted on the cordoned node, it
+/// would record it unschedulable and never uncordon it), and uncordons it after
+/// `cordon_mark::ORPHAN_GRACE`, with a Warning Event on the Node; the waiting request is then
+/// admitted, records the node schedulable, and its own cleanup leaves the node unmarked. The
+/// previous operator admitted the waiting request on the cordoned node at once: it recorded the
+/// node unschedulable, and the node stayed cordoned for good.
+#[tokio::test]
+async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> Result<()> {
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(&client, Some(limits(1, None))).await?;
+    let nodes = create_nodes(&client, "orphan", 2, &[]).await?;
+    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let node = &nodes[0];
+    let ns = unique_name("orphan");
+    create_namespace(&client, &ns).await?;
+    let requests: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
+    let mark_of = |node: Node| {
+        node.annotations()
+            .get(cordon_mark::CORDONED_BY_UID_ANNOTATION)
+            .cloned()
+    };
+    let nodes_api: Api<Node> = Api::all(client.clone());
+
+    let mut operator = Operator::start(&testbed, &[]).await?;
+    create_request(
+        &client,
+        &ns,
+        "gone",
+        request_spec(node, "orphan.example.com"),
+    )
+    .await?;
+    let ready = wait_phase(&client, &ns, "gone", Phase::Ready, WAIT).await?;
+    ensure!(
+        node_unschedulable(&client, node).await?,
+        "precondition: {node} is not cordoned while Ready"
+    );
+    assert_eq!(
+        mark_of(nodes_api.get(node).await?),
+        ready.uid(),
+        "the cordon marks {node} with its request"
+    );
+
+    operator.kill();
+    requests
+        .patch(
+            "gone",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .context("removing the finalizers by hand")?;
+    delete_request(&client, &ns, "gone").await?;
+    ensure!(
+        get_request(&client, &ns, "gone").await?.is_none(),
+        "precondition: the request is still there"
+    );
+    create_request(
+        &client,
+        &ns,
+        "next",
+        request_spec(node, "orphan.example.com"),
+    )
+    .await?;
+    operator.restart().await?;
+
+    // The uncordon and the next request's admission and cordon follow one another within
+    // milliseconds: what the next request recorded of the node tells that the uncordon came first.
+    let next = wait_phase(
+        &client,
+        &ns,
+        "next",
+        Phase::Ready,
+        WAIT + cordon_mark::ORPHAN_GRACE,
+    )
+    .await?;
+    assert_eq!(
+        next.annotations()
+            .get(INITIAL_UNSCHEDULABLE_ANNOTATION)
+            .map(String::as_str),
+        Some("false"),
+        "the request that waited was admitted on the cordoned node: it records our orphaned \
+         cordon as the node's own state, and its cleanup would leave the node cordoned"
+    );
+    assert!(
+        node_unschedulable(&client, node).await?,
+        "next cordons {node}"
+    );
+    assert_eq!(mark_of(nodes_api.get(node).await?), next.uid());
+    let warnings = wait_for("the Warning Event on the node", WAIT, || async {
+        let events = events_about(&client, "default", node).await?;
+        let found: Vec<_> = events
+            .into_iter()
+            .filter(|e| {
+                e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("Uncordon")
+            })
+            .collect();
+        Ok((!found.is_empty()).then_some(found))
+    })
+    .await?;
+    let note = warnings[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&format!("{ns}/gone")),
+        "the Event names the request that went: {note}"
+    );
+
+    delete_request(&client, &ns, "next").await?;
+    wait_request_gone(&client, &ns, "next", WAIT).await?;
+    let after = nodes_api.get(node).await?;
+    assert!(
+        !node_unschedulable(&client, node).await?,
+        "{node} left cordoned"
+    );
+    assert_eq!(mark_of(after), None, "the uncordon removes the mark");
     Ok(())
 }

@@ -124,6 +124,11 @@ impl Context {
         self.publish(reference, warning, reason, action, note, None);
     }
 
+    /// Queues an Event on any object (a Node whose orphaned cordon was undone).
+    pub fn event_on(&self, reference: ObjectReference, warning: bool, reason: &str, note: String) {
+        self.publish(reference, warning, reason, reason, note, None);
+    }
+
     /// The Warning Events of a pod deleted past `drainSpec.forceDeleteAfterSeconds`: one on the
     /// request (its `related` object is the pod, which also keeps the Events of several pods
     /// apart: the recorder folds Events by reason, action and related object), and one on the

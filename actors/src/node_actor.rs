@@ -19,6 +19,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use maintenance_core::actor_runs::RunEnd;
 use maintenance_core::conditions::annotation_value;
+use maintenance_core::cordon_mark;
 use maintenance_core::drain_plan;
 use maintenance_core::eviction::{DeleteOutcome, EvictionOutcome};
 use maintenance_core::failed_step::{self, StepCall};
@@ -664,8 +665,15 @@ fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: 
     });
 }
 
+/// The cordon marks the node with its request, the uncordon removes the mark
+/// (`cordon_mark`: what finds a node whose request went without our cleanup once no actor
+/// remembers it).
 async fn set_unschedulable(state: &NodeState, unschedulable: bool) -> Result<(), kube::Error> {
-    let patch = serde_json::json!({ "spec": { "unschedulable": unschedulable } });
+    let patch = if unschedulable {
+        cordon_mark::cordon_patch(&state.request)
+    } else {
+        cordon_mark::uncordon_patch(None)
+    };
     match node_api(state)
         .patch(state.node(), &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -31,6 +31,7 @@ use crate::task::AbortOnDrop;
 use maintenance_core::actor_runs::{self, ActorAction, ActorRun, RunEnd};
 use maintenance_core::capacity::CapacityCheck;
 use maintenance_core::collection::{self, Cause};
+use maintenance_core::cordon_mark::{self, CordonMark, OrphanSightings};
 use maintenance_core::drainability::{DrainBlocker, PreferDrainable};
 use maintenance_core::explain::{Explanations, Observed};
 use maintenance_core::lifecycle::EventReason;
@@ -70,6 +71,12 @@ pub enum SupervisorMsg {
     Tainted {
         written: Vec<(String, Option<String>)>,
     },
+    /// Uncordons of orphaned cordons (`cordon_mark`) are answered, by node name.
+    Uncordoned {
+        written: Vec<(String, Option<String>)>,
+    },
+    /// An orphaned cordon's grace has passed (see `undo_orphaned_cordons`).
+    OrphanDue,
 }
 
 /// How an admission's writes ended.
@@ -131,6 +138,14 @@ pub struct SupervisorState {
     /// Nodes with a taint write of ours in flight, or written at a resourceVersion the cache does
     /// not show yet (as `writing`, by node name).
     tainting: HashMap<String, Option<String>>,
+    /// Nodes cordoned by a request that went without our cleanup and that no actor remembers:
+    /// when each was first seen so (`cordon_mark::OrphanSightings`).
+    orphans: OrphanSightings,
+    /// Orphaned cordons with an uncordon of ours in flight, or written at a resourceVersion the
+    /// cache does not show yet (as `tainting`).
+    uncordoning: HashMap<String, Option<String>>,
+    /// When a round is already due for the next orphaned cordon's grace.
+    orphan_wake: Option<std::time::Instant>,
     /// Pending requests whose last admission failed, and when they may be tried again; the
     /// scheduler lets the next request take the slot meanwhile. Cleared on success and when the
     /// request is gone, deleted or past Pending.
@@ -220,7 +235,9 @@ impl Actor for Supervisor {
             watcher::Config::default(),
             |node| {
                 node.managed_fields_mut().clear();
-                node.annotations_mut().clear();
+                // All but the cordon mark (`cordon_mark`), which finds orphaned cordons.
+                node.annotations_mut()
+                    .retain(|key, _| cordon_mark::is_mark(key));
                 if let Some(status) = node.status.as_mut() {
                     status.images = None;
                     status.volumes_attached = None;
@@ -271,6 +288,9 @@ impl Actor for Supervisor {
             admitting: HashSet::new(),
             writing: HashMap::new(),
             tainting: HashMap::new(),
+            orphans: OrphanSightings::default(),
+            uncordoning: HashMap::new(),
+            orphan_wake: None,
             admission_retries: HashMap::new(),
             stale_admissions: HashMap::new(),
             drain_blockers: BTreeMap::new(),
@@ -356,6 +376,11 @@ impl Actor for Supervisor {
                 record_written(&mut state.tainting, written);
                 return Ok(());
             }
+            SupervisorMsg::Uncordoned { written } => {
+                record_written(&mut state.uncordoning, written);
+                return Ok(());
+            }
+            SupervisorMsg::OrphanDue => state.orphan_wake = None,
         }
         paced_round(&myself, state).await;
         Ok(())
@@ -527,15 +552,17 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
         .collect();
-    state.tainting.retain(
-        |node, written| match (nodes_by_name.get(node.as_str()), written) {
-            (None, _) => false,
-            (Some(_), None) => true,
-            (Some(shown), Some(version)) => {
-                !lifecycle::version_reached(shown.metadata.resource_version.as_deref(), version)
-            }
-        },
-    );
+    for writing in [&mut state.tainting, &mut state.uncordoning] {
+        writing.retain(
+            |node, written| match (nodes_by_name.get(node.as_str()), written) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(shown), Some(version)) => {
+                    !lifecycle::version_reached(shown.metadata.resource_version.as_deref(), version)
+                }
+            },
+        );
+    }
     let policy = collection_policy(&ctx, config_spec.as_ref());
     collect_garbage(myself, state, &requests, &nodes_by_name, &policy).await;
 
@@ -558,6 +585,14 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         request.admission_retry = state.admission_retries.get(uid).cloned();
     }
     gone_holders(state, &mut snapshot, &cached, &nodes_by_name);
+    undo_orphaned_cordons(
+        myself,
+        state,
+        &mut snapshot,
+        &nodes,
+        &cached,
+        &nodes_by_name,
+    );
     update_phase_gauge(&ctx, &requests);
     // With every slot taken nothing is admitted: the pod reads below would be spent on nothing
     // (a rollout spends most of its rounds so). preferDrainable keeps its last observation, which
@@ -1345,6 +1380,103 @@ fn gone_holders(
             }
         }
     }
+}
+
+/// Nodes cordoned by a request that nothing of ours holds any more (gone without our cleanup
+/// while no actor remembered it: the operator down, the actor failed): held in the scheduler's
+/// view from the first sighting, uncordoned once seen so for `cordon_mark::ORPHAN_GRACE`, by a
+/// write guarded by the node's resourceVersion (a cache that still shows a mark we removed is
+/// behind, and the write conflicts).
+fn undo_orphaned_cordons(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    snapshot: &mut Snapshot,
+    nodes: &[Arc<Node>],
+    cached: &HashMap<&str, &NodeMaintenance>,
+    nodes_by_name: &HashMap<&str, &Arc<Node>>,
+) {
+    // An actor that ended has removed its mark with its uncordon; a cache of nodes that still
+    // shows it is behind, and the node is not held for it.
+    let in_progress = |uid: &str| {
+        state.actors.contains_key(uid)
+            || state.ended.contains_key(uid)
+            || state.admitted.contains(uid)
+            || state.admitting.contains(uid)
+            || cached.get(uid).is_some_and(|r| {
+                let node_exists = nodes_by_name.contains_key(r.spec.node_name.as_str());
+                lifecycle::needs_actor(r, node_exists, false)
+            })
+    };
+    let orphans = cordon_mark::orphaned_cordons(nodes.iter().map(|n| &**n), in_progress);
+    let now = Instant::now().into_std();
+    let round = state.orphans.observe(orphans, now);
+    for mark in &round.held {
+        match snapshot.requests.iter_mut().find(|r| {
+            (r.namespace.as_str(), r.name.as_str()) == (mark.namespace.as_str(), mark.name.as_str())
+                && r.node_name == mark.node
+                && r.phase != Phase::Pending
+        }) {
+            Some(request) => request.released = false,
+            None => snapshot.requests.push(mark.holder()),
+        }
+    }
+    if let Some(due) = round.next_due
+        && state.orphan_wake.is_none_or(|armed| due < armed)
+    {
+        state.orphan_wake = Some(due);
+        // A little after, so that the round finds the grace passed.
+        let delay = due.saturating_duration_since(now) + Duration::from_millis(100);
+        myself.send_after(delay, || SupervisorMsg::OrphanDue);
+    }
+    let uncordoning = &state.uncordoning;
+    let due: Vec<(String, CordonMark)> = round
+        .due
+        .into_iter()
+        .filter(|mark| !uncordoning.contains_key(&mark.node))
+        .map(|mark| (mark.node.clone(), mark))
+        .collect();
+    let ctx = state.ctx.clone();
+    spawn_writes(
+        myself,
+        &mut state.uncordoning,
+        due,
+        |ctx, mark| async move {
+            let patch = cordon_mark::uncordon_patch(mark.resource_version.as_deref());
+            let nodes: Api<Node> = Api::all(ctx.client.clone());
+            let request = format!("{}/{} (uid {})", mark.namespace, mark.name, mark.uid);
+            match nodes
+                .patch(&mark.node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(written) => {
+                    let note = format!(
+                        "uncordoned {}: its request {request} went without our cleanup (deleted \
+                         under our finalizer, or the finalizer removed by hand) while no node \
+                         actor remembered it",
+                        mark.node
+                    );
+                    tracing::warn!(node = %mark.node, %request, "orphaned cordon undone");
+                    ctx.event_on(
+                        kube::Resource::object_ref(&written, &()),
+                        true,
+                        EventReason::Uncordon.as_str(),
+                        note,
+                    );
+                    written.resource_version()
+                }
+                // The cache was behind (our own uncordon, another request's cordon): the next
+                // round decides on the node as it is now.
+                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
+                Err(err) => {
+                    tracing::warn!(node = %mark.node, %request, %err, "could not uncordon the node of a request that is gone; the next round tries again");
+                    ctx.error("uncordon_orphan");
+                    None
+                }
+            }
+        },
+        |written| SupervisorMsg::Uncordoned { written },
+        &ctx,
+    );
 }
 
 /// Keeps one node actor per request in progress and forwards each new version to it.

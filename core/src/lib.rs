@@ -10,6 +10,7 @@ pub mod budgets;
 pub mod capacity;
 pub mod collection;
 pub mod conditions;
+pub mod cordon_mark;
 pub mod drain_plan;
 pub mod drainability;
 pub mod eviction;

@@ -1,0 +1,354 @@
+//! Which request cordoned a node, written on the node itself with the cordon (one patch), and
+//! removed with the uncordon (one patch). The mark is what lets a node cordoned by a request that
+//! is gone be found and uncordoned: the request's own record (its annotations, the node actor's
+//! memory) goes with the request, but the mark stays on the node.
+//!
+//! A request goes without our cleanup when the API server deletes it under our finalizer (a
+//! DELETE that raced the admission), when someone removes our finalizer by hand, or when either
+//! happens while the operator is down or its node actor has failed. A running node actor undoes
+//! the cordon itself (`lifecycle::on_request_gone`); once no actor remembers the request, the
+//! supervisor finds the node by its mark: a node marked by a request that no actor runs for and
+//! that the cache does not show in progress ([`orphaned_cordons`]) is an orphaned cordon. It is
+//! held (no request is admitted on it: the admission would record our cordon as the node's
+//! initial state, and nothing would ever uncordon it) and, once it has been seen orphaned for
+//! [`ORPHAN_GRACE`], uncordoned by a write guarded by the node's resourceVersion.
+//!
+//! The grace covers watches that lag one another: the cache of requests may briefly miss a
+//! request that the cache of nodes already shows a mark of (a leader that just took over). The
+//! guard covers a cache of nodes that lags: a mark the cache still shows after our own uncordon
+//! (or a later request's cordon) is at an older version, and the write conflicts.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use maintenance_crds::{NodeMaintenance, Phase};
+use serde_json::{Value, json};
+
+use crate::scheduler::RequestState;
+
+/// `namespace/name` of the request that cordoned the node (for a person reading the node).
+pub const CORDONED_BY_ANNOTATION: &str = "maintenance.nvidia.com/cordoned-by";
+/// The UID of that request: a request re-created under the same name is another request.
+pub const CORDONED_BY_UID_ANNOTATION: &str = "maintenance.nvidia.com/cordoned-by-uid";
+
+/// Whether a node annotation is part of the mark (the operator's cache of nodes keeps these and
+/// drops the others).
+pub fn is_mark(key: &str) -> bool {
+    key == CORDONED_BY_ANNOTATION || key == CORDONED_BY_UID_ANNOTATION
+}
+
+/// How long a node must be seen orphaned before it is uncordoned.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
+
+/// The node patch of the cordon: unschedulable, and marked as cordoned by `request`.
+pub fn cordon_patch(request: &NodeMaintenance) -> Value {
+    let key = format!(
+        "{}/{}",
+        request.metadata.namespace.as_deref().unwrap_or_default(),
+        request.metadata.name.as_deref().unwrap_or_default()
+    );
+    json!({
+        "metadata": { "annotations": {
+            CORDONED_BY_ANNOTATION: key,
+            CORDONED_BY_UID_ANNOTATION: request.metadata.uid.as_deref().unwrap_or_default(),
+        } },
+        "spec": { "unschedulable": true },
+    })
+}
+
+/// The node patch of the uncordon: schedulable, and the mark removed. `resource_version` guards
+/// it (the orphan sweep writes on what its cache showed); `None` writes unconditionally (the
+/// node actor uncordons what its request cordoned).
+pub fn uncordon_patch(resource_version: Option<&str>) -> Value {
+    let mut metadata = json!({ "annotations": {
+        CORDONED_BY_ANNOTATION: null,
+        CORDONED_BY_UID_ANNOTATION: null,
+    } });
+    if let Some(version) = resource_version {
+        metadata["resourceVersion"] = json!(version);
+    }
+    json!({ "metadata": metadata, "spec": { "unschedulable": false } })
+}
+
+/// A node's mark, as the cache shows the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CordonMark {
+    pub node: String,
+    /// The node's resourceVersion, which guards the uncordon.
+    pub resource_version: Option<String>,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl CordonMark {
+    /// The request that cordoned the node, as the scheduler counts it while the node is held:
+    /// in maintenance, holding a slot, under its own name (so that a waiting request's message
+    /// says who holds the node).
+    pub fn holder(&self) -> RequestState {
+        RequestState {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            node_name: self.node.clone(),
+            requestor_id: String::new(),
+            phase: Phase::Scheduled,
+            created: None,
+            deleting: true,
+            released: false,
+            admission_retry: None,
+        }
+    }
+}
+
+/// The mark on `node`, if any (one without a UID is not ours to act on).
+pub fn cordon_mark(node: &Node) -> Option<CordonMark> {
+    let annotations = node.metadata.annotations.as_ref()?;
+    let uid = annotations.get(CORDONED_BY_UID_ANNOTATION)?;
+    if uid.is_empty() {
+        return None;
+    }
+    let by = annotations
+        .get(CORDONED_BY_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or_default();
+    let (namespace, name) = by.split_once('/').unwrap_or(("", by));
+    Some(CordonMark {
+        node: node.metadata.name.clone()?,
+        resource_version: node.metadata.resource_version.clone(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        uid: uid.clone(),
+    })
+}
+
+/// The marks of requests that nothing of ours holds any more: `in_progress` says whether a UID
+/// has a node actor running (or one that ended: it removed the mark, and a cache that shows it is
+/// behind), an admission on its way, or a request the cache shows that needs an actor
+/// (`lifecycle::needs_actor`).
+pub fn orphaned_cordons<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    in_progress: impl Fn(&str) -> bool,
+) -> Vec<CordonMark> {
+    nodes
+        .into_iter()
+        .filter_map(cordon_mark)
+        .filter(|mark| !in_progress(&mark.uid))
+        .collect()
+}
+
+/// When each orphaned mark was first seen, across rounds (a grace timer, not state: a restart
+/// only starts it again).
+#[derive(Debug, Default)]
+pub struct OrphanSightings {
+    first_seen: HashMap<String, (String, Instant)>,
+}
+
+/// What a round does with the orphaned marks it found ([`OrphanSightings::observe`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct OrphanRound {
+    /// Every orphaned mark: its node is held this round.
+    pub held: Vec<CordonMark>,
+    /// Those seen orphaned for [`ORPHAN_GRACE`]: uncordon them now.
+    pub due: Vec<CordonMark>,
+    /// The earliest time one that is not due yet will be.
+    pub next_due: Option<Instant>,
+}
+
+impl OrphanSightings {
+    /// Records this round's orphaned marks at `now` and forgets the others (a mark removed, or
+    /// its request back in progress, starts the grace anew if it is orphaned again; a mark of
+    /// another request on the node too).
+    pub fn observe(&mut self, orphans: Vec<CordonMark>, now: Instant) -> OrphanRound {
+        let mut seen = HashMap::with_capacity(orphans.len());
+        let mut round = OrphanRound::default();
+        for mark in orphans {
+            let since = match self.first_seen.get(&mark.node) {
+                Some((uid, since)) if *uid == mark.uid => *since,
+                _ => now,
+            };
+            let due_at = since + ORPHAN_GRACE;
+            if due_at <= now {
+                round.due.push(mark.clone());
+            } else {
+                round.next_due = Some(round.next_due.map_or(due_at, |t| t.min(due_at)));
+            }
+            seen.insert(mark.node.clone(), (mark.uid.clone(), since));
+            round.held.push(mark);
+        }
+        self.first_seen = seen;
+        round
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use maintenance_crds::NodeMaintenanceSpec;
+    use std::collections::BTreeMap;
+
+    fn request() -> NodeMaintenance {
+        let mut r = NodeMaintenance::new(
+            "m",
+            NodeMaintenanceSpec {
+                requestor_id: "example.com".into(),
+                node_name: "n1".into(),
+                ..NodeMaintenanceSpec::default()
+            },
+        );
+        r.metadata.namespace = Some("team".into());
+        r.metadata.uid = Some("uid-m".into());
+        r
+    }
+
+    /// The node as the API server leaves it after applying `patch` (a merge patch: `null`
+    /// removes a key).
+    fn patched(node: &Node, patch: &Value) -> Node {
+        let mut value = serde_json::to_value(node).unwrap_or_default();
+        merge(&mut value, patch);
+        serde_json::from_value(value).unwrap_or_default()
+    }
+
+    fn merge(target: &mut Value, patch: &Value) {
+        match (target, patch) {
+            (Value::Object(target), Value::Object(patch)) => {
+                for (key, value) in patch {
+                    if value.is_null() {
+                        target.remove(key);
+                    } else {
+                        merge(target.entry(key.clone()).or_insert(Value::Null), value);
+                    }
+                }
+            }
+            (target, patch) => *target = patch.clone(),
+        }
+    }
+
+    fn node(name: &str, version: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(version.into()),
+                annotations: Some(BTreeMap::from([("other".into(), "kept".into())])),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn the_cordon_marks_the_node_and_the_uncordon_removes_only_the_mark() {
+        let cordoned = patched(&node("n1", "7"), &cordon_patch(&request()));
+        assert_eq!(
+            cordoned.spec.as_ref().and_then(|s| s.unschedulable),
+            Some(true)
+        );
+        let mark = cordon_mark(&cordoned).expect("the cordon leaves a mark");
+        assert_eq!(
+            (
+                mark.namespace.as_str(),
+                mark.name.as_str(),
+                mark.uid.as_str()
+            ),
+            ("team", "m", "uid-m")
+        );
+
+        let uncordoned = patched(&cordoned, &uncordon_patch(None));
+        assert_eq!(cordon_mark(&uncordoned), None);
+        assert_eq!(
+            uncordoned.spec.as_ref().and_then(|s| s.unschedulable),
+            Some(false)
+        );
+        assert_eq!(
+            uncordoned.metadata.annotations,
+            Some(BTreeMap::from([("other".into(), "kept".into())]))
+        );
+    }
+
+    #[test]
+    fn the_sweep_writes_on_the_version_it_read() {
+        let patch = uncordon_patch(Some("42"));
+        assert_eq!(patch["metadata"]["resourceVersion"], json!("42"));
+        assert!(
+            uncordon_patch(None)["metadata"]
+                .get("resourceVersion")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn only_marks_of_requests_nothing_holds_are_orphaned() {
+        let marked = patched(&node("n1", "7"), &cordon_patch(&request()));
+        let unmarked = node("n2", "8");
+        let nodes = [marked, unmarked];
+        assert!(orphaned_cordons(&nodes, |uid| uid == "uid-m").is_empty());
+        let orphans = orphaned_cordons(&nodes, |_| false);
+        assert_eq!(orphans.len(), 1);
+        assert_eq!(orphans[0].node, "n1");
+        assert_eq!(orphans[0].resource_version.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn a_mark_without_a_uid_is_not_ours_to_act_on() {
+        let mut n = node("n1", "7");
+        n.metadata.annotations = Some(BTreeMap::from([(
+            CORDONED_BY_ANNOTATION.to_string(),
+            "team/m".to_string(),
+        )]));
+        assert_eq!(cordon_mark(&n), None);
+    }
+
+    fn mark(node: &str, uid: &str) -> CordonMark {
+        CordonMark {
+            node: node.into(),
+            resource_version: Some("7".into()),
+            namespace: "team".into(),
+            name: "m".into(),
+            uid: uid.into(),
+        }
+    }
+
+    #[test]
+    fn an_orphan_is_held_at_once_and_uncordoned_only_after_the_grace() {
+        let start = Instant::now();
+        let mut sightings = OrphanSightings::default();
+        let first = sightings.observe(vec![mark("n1", "a")], start);
+        assert_eq!(first.held, vec![mark("n1", "a")]);
+        assert!(first.due.is_empty());
+        assert_eq!(first.next_due, Some(start + ORPHAN_GRACE));
+
+        let before = sightings.observe(vec![mark("n1", "a")], start + ORPHAN_GRACE / 2);
+        assert!(before.due.is_empty());
+        assert_eq!(before.next_due, Some(start + ORPHAN_GRACE));
+
+        let after = sightings.observe(vec![mark("n1", "a")], start + ORPHAN_GRACE);
+        assert_eq!(after.due, vec![mark("n1", "a")]);
+        assert_eq!(after.next_due, None);
+    }
+
+    #[test]
+    fn the_grace_starts_again_for_a_mark_that_was_not_orphaned_meanwhile() {
+        let start = Instant::now();
+        let mut sightings = OrphanSightings::default();
+        sightings.observe(vec![mark("n1", "a")], start);
+        // Seen in progress again (the request cache caught up): forgotten.
+        sightings.observe(Vec::new(), start + ORPHAN_GRACE / 2);
+        let later = sightings.observe(vec![mark("n1", "a")], start + ORPHAN_GRACE);
+        assert!(later.due.is_empty());
+        // Another request's mark on the same node is a new orphan too.
+        let other = sightings.observe(vec![mark("n1", "b")], start + 2 * ORPHAN_GRACE);
+        assert!(other.due.is_empty());
+    }
+
+    #[test]
+    fn the_holder_holds_its_node_and_a_slot() {
+        let holder = mark("n1", "a").holder();
+        assert_eq!(holder.node_name, "n1");
+        assert_eq!(
+            (holder.namespace.as_str(), holder.name.as_str()),
+            ("team", "m")
+        );
+        assert!(holder.phase != Phase::Pending && !holder.released);
+    }
+}
