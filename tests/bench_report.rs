@@ -547,6 +547,155 @@ struct DrainRun {
     invariants: Option<FleetInvariants>,
     /// Every node maintained: the serial evictions of the budgets that allow one at a time.
     chains: Option<BudgetChains>,
+    /// Every node maintained: kube-controller-manager's work queues during the run.
+    controller_queues: Vec<ControllerQueue>,
+    /// Every node maintained: CPU seconds each process spent during the run.
+    cpu_during_run: BTreeMap<String, f64>,
+    /// Every node maintained: the pods KWOK deleted (as a kubelet does once a pod's grace period
+    /// ends), those of StatefulSets apart.
+    simulator_deletions: Option<SimulatorDeletions>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct SimulatorDeletions {
+    deployment_pods: usize,
+    statefulset_pods: usize,
+    /// StatefulSet pods deleted, each name counted once.
+    statefulset_names: usize,
+}
+
+/// The user KWOK's client runs as (its certificate's CN, tests/testbed/testbed).
+const KWOK_USER: &str = "kwok-controller";
+
+/// KWOK's successful pod deletions in `ns` from `from`. A StatefulSet's pod is named
+/// `<workload>-<ordinal>`, a Deployment's `<workload>-<hash>-<suffix>`.
+fn simulator_deletions(log: &AuditLog, ns: &str, from: Timestamp) -> SimulatorDeletions {
+    let mut names = HashSet::new();
+    let (mut deployment_pods, mut statefulset_pods) = (0, 0);
+    for d in log
+        .pod_deletions
+        .iter()
+        .filter(|d| d.namespace == ns && d.user == KWOK_USER && d.code == 200 && d.received >= from)
+    {
+        if d.pod.matches('-').count() == 1 {
+            statefulset_pods += 1;
+            names.insert(d.pod.as_str());
+        } else {
+            deployment_pods += 1;
+        }
+    }
+    SimulatorDeletions {
+        deployment_pods,
+        statefulset_pods,
+        statefulset_names: names.len(),
+    }
+}
+
+/// The work queues of kube-controller-manager a drain waits on: the disruption controller's (a
+/// budget's status, which admits its next eviction) and those of the controllers that create
+/// the replacements.
+const WATCHED_QUEUES: [&str; 3] = ["disruption", "replicaset", "statefulset"];
+
+/// One work queue over a run, from kube-controller-manager's `workqueue_*` metrics.
+#[derive(Clone, Debug, Serialize)]
+struct ControllerQueue {
+    queue: String,
+    syncs: f64,
+    /// Mean time an item waited in the queue before a worker took it.
+    mean_wait_ms: f64,
+    /// Mean time a worker spent on an item.
+    mean_work_ms: f64,
+}
+
+/// Cumulative `workqueue_*` figures of kube-controller-manager, by queue: (items taken, seconds
+/// they waited, items worked, seconds worked).
+type QueueTotals = BTreeMap<String, [f64; 4]>;
+
+/// Reads kube-controller-manager's /metrics (its port from the testbed's `ports` file; the
+/// testbed's admin may read it).
+async fn controller_queue_totals(testbed: &Testbed) -> Result<QueueTotals> {
+    let ports_file = testbed.dir().join("ports");
+    let ports = std::fs::read_to_string(&ports_file)
+        .with_context(|| format!("reading {}", ports_file.display()))?;
+    let port = ports
+        .lines()
+        .find_map(|l| l.strip_prefix("kube-controller-manager="))
+        .with_context(|| {
+            format!(
+                "{} names no kube-controller-manager port",
+                ports_file.display()
+            )
+        })?;
+    let mut config = testbed.config().await?;
+    config.cluster_url = format!("https://127.0.0.1:{port}").parse()?;
+    // The controller manager serves a certificate of its own, not one of the testbed's CA.
+    config.accept_invalid_certs = true;
+    let client = Client::try_from(config)?;
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("reading kube-controller-manager's /metrics")?;
+    let mut totals = QueueTotals::new();
+    for line in text.lines() {
+        let Some((series, value)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some((metric, labels)) = series.split_once('{') else {
+            continue;
+        };
+        let slot = match metric {
+            "workqueue_queue_duration_seconds_count" => 0,
+            "workqueue_queue_duration_seconds_sum" => 1,
+            "workqueue_work_duration_seconds_count" => 2,
+            "workqueue_work_duration_seconds_sum" => 3,
+            _ => continue,
+        };
+        let Some(queue) = labels
+            .strip_prefix("name=\"")
+            .and_then(|l| l.split('"').next())
+            .filter(|q| WATCHED_QUEUES.contains(q))
+        else {
+            continue;
+        };
+        if let Ok(v) = value.trim().parse::<f64>() {
+            totals.entry(queue.to_string()).or_default()[slot] = v;
+        }
+    }
+    Ok(totals)
+}
+
+/// What each watched queue did between two readings.
+fn queues_between(before: &QueueTotals, after: &QueueTotals) -> Vec<ControllerQueue> {
+    WATCHED_QUEUES
+        .iter()
+        .filter_map(|&queue| {
+            let a = after.get(queue)?;
+            let b = before.get(queue).copied().unwrap_or_default();
+            let d: Vec<f64> = a.iter().zip(b).map(|(a, b)| a - b).collect();
+            let mean_ms = |sum: f64, n: f64| if n > 0.0 { sum / n * 1000.0 } else { 0.0 };
+            Some(ControllerQueue {
+                queue: queue.to_string(),
+                syncs: d[2],
+                mean_wait_ms: mean_ms(d[1], d[0]),
+                mean_work_ms: mean_ms(d[3], d[2]),
+            })
+        })
+        .collect()
+}
+
+/// CPU seconds each process spent between two readings of [`cpu_by_process`].
+fn cpu_between(
+    before: &BTreeMap<String, f64>,
+    after: BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .into_iter()
+        .map(|(name, after)| {
+            let before = before.get(&name).copied().unwrap_or(0.0);
+            (name, after - before)
+        })
+        .collect()
 }
 
 /// A budget that allows one disruption at a time makes its workload's evictions a chain: the
@@ -733,12 +882,14 @@ fn operator_cpu_seconds(op: &Operator) -> Result<f64> {
 
 /// CPU seconds used so far by each process the run depends on: the control plane's components
 /// (the testbed's `pids` file), the operator, and this process (the requestor and the bench).
-fn cpu_by_process(testbed: &Testbed, op: &Operator) -> Result<BTreeMap<String, f64>> {
+fn cpu_by_process(testbed: &Testbed, op: Option<&Operator>) -> Result<BTreeMap<String, f64>> {
     let mut cpu = BTreeMap::new();
     for (name, pid) in testbed_pids(testbed)? {
         cpu.insert(name, cpu_seconds_of(&pid.to_string())?);
     }
-    cpu.insert("operator".to_string(), operator_cpu_seconds(op)?);
+    if let Some(op) = op {
+        cpu.insert("operator".to_string(), operator_cpu_seconds(op)?);
+    }
     cpu.insert("bench (requestor)".to_string(), cpu_seconds_of("self")?);
     Ok(cpu)
 }
@@ -1080,7 +1231,7 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
     ));
     let from = Timestamp::now();
     let cpu_before = operator_cpu_seconds(&op)?;
-    let cpu_by_process_before = cpu_by_process(&testbed, &op)?;
+    let cpu_by_process_before = cpu_by_process(&testbed, Some(&op))?;
     let (_, seconds) = run_requests(
         &client,
         &ns,
@@ -1091,13 +1242,7 @@ async fn no_drain(size: &Size, progress: &Progress) -> Result<NoDrain> {
     )
     .await?;
     let requests_per_second = size.requests as f64 / seconds;
-    let cpu_during_run: BTreeMap<String, f64> = cpu_by_process(&testbed, &op)?
-        .into_iter()
-        .map(|(name, after)| {
-            let before = cpu_by_process_before.get(&name).copied().unwrap_or(0.0);
-            (name, after - before)
-        })
-        .collect();
+    let cpu_during_run = cpu_between(&cpu_by_process_before, cpu_by_process(&testbed, Some(&op))?);
     step.end(&format!(
         "all Ready and released in {seconds:.1}s, {requests_per_second:.1} requests/s"
     ));
@@ -1449,6 +1594,9 @@ fn drain_run(
         rss_peak_mib: None,
         invariants: None,
         chains: None,
+        controller_queues: Vec::new(),
+        cpu_during_run: BTreeMap::new(),
+        simulator_deletions: None,
     }
 }
 
@@ -1767,6 +1915,8 @@ async fn fleet_ours(size: &Size, progress: &Progress) -> Result<DrainRun> {
     let step = progress.begin(&format!(
         "fleet operator: all {n} nodes, maxParallelOperations {k}, maxUnavailable {max_unavailable}"
     ));
+    let queues_before = controller_queue_totals(&cluster.testbed).await?;
+    let cpu_before = cpu_by_process(&cluster.testbed, Some(&op))?;
     let (mut run, log, from) = operator_drain_run(
         &cluster.testbed,
         &cluster.client,
@@ -1777,6 +1927,11 @@ async fn fleet_ours(size: &Size, progress: &Progress) -> Result<DrainRun> {
         &step,
     )
     .await?;
+    run.cpu_during_run = cpu_between(&cpu_before, cpu_by_process(&cluster.testbed, Some(&op))?);
+    run.controller_queues = queues_between(
+        &queues_before,
+        &controller_queue_totals(&cluster.testbed).await?,
+    );
     let (seconds, last_ready) = (run.seconds, run.seconds_to_last_drained);
     let seen = monitor.finish().await?;
     run.invariants = Some(FleetInvariants {
@@ -1788,6 +1943,7 @@ async fn fleet_ours(size: &Size, progress: &Progress) -> Result<DrainRun> {
         events: seen.events,
     });
     run.chains = budget_chains(&log, &cluster.ns, &user, from, &cluster.strict);
+    run.simulator_deletions = Some(simulator_deletions(&log, &cluster.ns, from));
     let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
     let calls = run.api_calls.unwrap_or_default();
     step.end(&format!(
@@ -1810,6 +1966,8 @@ async fn fleet_kubectl(size: &Size, progress: &Progress) -> Result<DrainRun> {
     let cluster = fleet_cluster(size, "kubectl", progress).await?;
     let (n, k) = (cluster.nodes.len(), size.fleet_parallel);
     let step = progress.begin(&format!("fleet kubectl: all {n} nodes, {k} at a time"));
+    let queues_before = controller_queue_totals(&cluster.testbed).await?;
+    let cpu_before = cpu_by_process(&cluster.testbed, None)?;
     let from = Timestamp::now();
     let (seconds, last) = kubectl_drain_each(
         &cluster.testbed,
@@ -1830,6 +1988,14 @@ async fn fleet_kubectl(size: &Size, progress: &Progress) -> Result<DrainRun> {
     };
     let mut run = drain_run(shape, &log, &cluster.ns, ADMIN_USER, from, None);
     run.chains = budget_chains(&log, &cluster.ns, ADMIN_USER, from, &cluster.strict);
+    run.simulator_deletions = Some(simulator_deletions(&log, &cluster.ns, from));
+    // The bench process runs the kubectl processes' output readers only; kubectl itself is not
+    // counted (many short processes).
+    run.cpu_during_run = cpu_between(&cpu_before, cpu_by_process(&cluster.testbed, None)?);
+    run.controller_queues = queues_between(
+        &queues_before,
+        &controller_queue_totals(&cluster.testbed).await?,
+    );
     let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
     step.end(&format!(
         "{seconds:.1}s (last drain returned at {last:.1}s); {evicted_pods} evictions with \
@@ -2381,6 +2547,71 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
                     c.longest_span_seconds,
                     c.median_gap_ms,
                     c.p90_gap_ms
+                );
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\nThe control plane's turn: kube-controller-manager's work queues during the run \
+             (its `workqueue_*` metrics). A budget's next disruption waits in `disruption` (one \
+             worker, `--concurrent-disruption-syncs`; each sync reads the budget's pods and \
+             writes its status), a replacement pod in `replicaset` or `statefulset`. A wait of \
+             seconds there is a wait no drainer can shorten.\n\n\
+             | Who | Queue | Syncs | Mean wait in the queue (ms) | Mean sync (ms) |\n\
+             | --- | --- | --- | --- | --- |"
+        );
+        for d in &report.fleet {
+            for q in &d.controller_queues {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {:.0} | {:.0} | {:.0} |",
+                    d.who, q.queue, q.syncs, q.mean_wait_ms, q.mean_work_ms
+                );
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\nThe simulated kubelets: pods KWOK deleted once their grace period ended. A \
+             StatefulSet's evicted pod comes back under the same name, and KWOK v0.8.0 has been \
+             seen deleting that name again and again after one eviction (every 1-3 s for a \
+             minute and more, each delete answered 200, so each time a new pod of that name \
+             existed). It deletes by name, without the UID precondition a kubelet sends; likely a delete \
+             still queued for the old pod removes the new one. Each such deletion is a pod \
+             created, scheduled and made Ready again: control plane work no real kubelet \
+             causes, which slows both drainers.\n\n\
+             | Who | Evictions | Deployment pods deleted | StatefulSet pods deleted | \
+             StatefulSet names |\n| --- | --- | --- | --- | --- |"
+        );
+        for d in &report.fleet {
+            if let Some(k) = &d.simulator_deletions {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} |",
+                    d.who,
+                    d.evicted_pods,
+                    k.deployment_pods,
+                    k.statefulset_pods,
+                    k.statefulset_names
+                );
+            }
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let _ = writeln!(
+            md,
+            "\nWhere the machine's time goes: CPU seconds each process spent during the run, \
+             and its share of the machine's {cores} cores over the run (kubectl's own processes \
+             are not counted).\n\n| Who | Process | CPU (s) | Share of the machine |\n\
+             | --- | --- | --- | --- |"
+        );
+        for d in &report.fleet {
+            let mut by_cost: Vec<(&String, &f64)> = d.cpu_during_run.iter().collect();
+            by_cost.sort_by(|a, b| b.1.total_cmp(a.1));
+            for (process, seconds) in by_cost {
+                let _ = writeln!(
+                    md,
+                    "| {} | {process} | {seconds:.1} | {:.0}% |",
+                    d.who,
+                    seconds / (d.seconds * cores) * 100.0
                 );
             }
         }
