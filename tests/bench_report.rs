@@ -804,6 +804,8 @@ struct Report {
     /// Every node maintained: ours and kubectl's.
     fleet: Vec<DrainRun>,
     rss: Vec<RssPoint>,
+    /// Why the RSS workload stopped before its largest size, if it did.
+    rss_stopped: Option<String>,
     goals: Vec<Goal>,
 }
 
@@ -1001,6 +1003,51 @@ async fn count_ready_pods(client: &Client, ns: &str) -> Result<(usize, usize)> {
         .items;
     let ready = pods.iter().filter(|p| pod_is_ready(p)).count();
     Ok((ready, pods.len()))
+}
+
+/// Waits until the `apps` Deployments r000.. of `ns` each have `replicas` pods, all Ready and
+/// up to date, as their status says: listing 100,000 pods every poll would load the API server
+/// more than the operator under test does.
+async fn wait_deployments(
+    client: &Client,
+    ns: &str,
+    apps: usize,
+    replicas: i32,
+    timeout: Duration,
+    step: &Step,
+) -> Result<()> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let want = usize::try_from(replicas)? * apps;
+    wait_until(
+        &format!("{apps} Deployments of {replicas} Ready pods in {ns}"),
+        timeout,
+        || async {
+            let deployments = api.list(&ListParams::default()).await?.items;
+            let mut ready = 0;
+            let mut done = 0;
+            for d in &deployments {
+                let st = d.status.clone().unwrap_or_default();
+                let r = st.ready_replicas.unwrap_or(0);
+                ready += usize::try_from(r).unwrap_or(0);
+                if st.observed_generation >= d.metadata.generation
+                    && r == replicas
+                    && st.updated_replicas.unwrap_or(0) == replicas
+                    && st.replicas.unwrap_or(0) == replicas
+                {
+                    done += 1;
+                }
+            }
+            step.set(format!("{ready}/{want} pods Ready"));
+            Ok(if done == apps && deployments.len() == apps {
+                Check::Done(())
+            } else {
+                Check::Pending(format!(
+                    "{ready} of {want} pods Ready, {done} of {apps} Deployments done"
+                ))
+            })
+        },
+    )
+    .await
 }
 
 async fn wait_pods(
@@ -2013,14 +2060,15 @@ async fn fleet_kubectl(size: &Size, progress: &Progress) -> Result<DrainRun> {
 // ---------------------------------------------------------------------------------------------
 // Workload c: peak RSS at two cluster sizes
 
-async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
+/// Measures into `points`, so that a size the testbed cannot reach leaves the smaller ones in
+/// the report.
+async fn rss(size: &Size, progress: &Progress, points: &mut Vec<RssPoint>) -> Result<()> {
     let step = progress.begin("rss: control plane");
     let testbed = Testbed::start().await?;
     let client = testbed.client().await?;
     step.end("started");
     let ns = unique_name("rss");
     let mut nodes: Vec<String> = Vec::new();
-    let mut points = Vec::new();
     let ppn = size.rss_pods_per_node;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     for (round, &want) in size.rss_nodes.iter().enumerate() {
@@ -2054,7 +2102,16 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
             }
         }
         let pods = nodes.len() * ppn;
-        wait_pods(&client, &ns, pods, size.wait(pods), &step).await?;
+        wait_deployments(&client, &ns, ppn, replicas, size.wait(pods), &step)
+            .await
+            .with_context(|| {
+                format!(
+                    "the testbed stopped growing at {} nodes x {ppn} pods; control plane RSS \
+                     (MiB): {:?}",
+                    nodes.len(),
+                    control_plane_rss(&testbed)
+                )
+            })?;
         let setup_seconds = setup_started.elapsed().as_secs_f64();
         step.end(&format!("{} nodes, {pods} pods Ready", nodes.len()));
 
@@ -2094,7 +2151,7 @@ async fn rss(size: &Size, progress: &Progress) -> Result<Vec<RssPoint>> {
             });
         }
     }
-    Ok(points)
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2118,6 +2175,10 @@ fn machine() -> BTreeMap<String, String> {
     }
     if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
         m.insert("kernel".into(), release.trim().to_string());
+    }
+    // The testbed's knobs (node lease, disruption workers) change what the control plane spends.
+    for (key, value) in std::env::vars().filter(|(k, _)| k.starts_with("MO_TESTBED_")) {
+        m.insert(key, value);
     }
     m.insert(
         "profile".into(),
@@ -2617,7 +2678,7 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
         }
     }
 
-    if !report.rss.is_empty() {
+    if !report.rss.is_empty() || report.rss_stopped.is_some() {
         let _ = writeln!(
             md,
             "\n## Operator memory\n\nA fresh operator process per run; peak RSS is VmHWM of \
@@ -2679,6 +2740,9 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
                  {:.1} MiB, {per_1000:.1} MiB per 1,000 nodes and 100 drains.",
                 a.requests, b.requests, a.nodes, b.nodes, a.rss_peak_mib, b.rss_peak_mib
             );
+        }
+        if let Some(stopped) = &report.rss_stopped {
+            let _ = writeln!(md, "- **Stopped before its largest size**: {stopped}");
         }
     }
 
@@ -3212,9 +3276,14 @@ async fn run() -> Result<()> {
         report.fleet.push(run);
     }
     if size.runs("rss") {
-        report.rss = workload("rss", &mut errors, rss(&size, &progress))
+        let mut points = Vec::new();
+        if workload("rss", &mut errors, rss(&size, &progress, &mut points))
             .await
-            .unwrap_or_default();
+            .is_none()
+        {
+            report.rss_stopped = errors.last().cloned();
+        }
+        report.rss = points;
     }
     report.goals = goals(&report);
     println!("goals (issue 13):");

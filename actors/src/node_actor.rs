@@ -26,6 +26,7 @@ use maintenance_core::failed_step::{self, StepCall};
 use maintenance_core::lifecycle::{
     self, Action, EventReason, EvictionOrder, ForceDeleteOrder, Ledger, NodeView, Observed, Step,
 };
+use maintenance_core::pod_view;
 use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
     READY_TIME_ANNOTATION,
@@ -734,9 +735,8 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher(api, config).modify(|pod| {
-            pod.managed_fields_mut().clear();
-        }),
+        // Only what the drain reads: a whole pod is about 20 KiB once decoded.
+        watcher(api, config).modify(pod_view::trim_for_drain),
     )
     .default_backoff();
     let actor = myself.clone();

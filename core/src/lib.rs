@@ -24,5 +24,6 @@ pub mod lifecycle;
 pub mod ownership;
 pub mod pending_taint;
 pub mod plan_input;
+pub mod pod_view;
 pub mod scheduler;
 pub mod windows;

@@ -1,0 +1,362 @@
+//! The part of a pod a node actor keeps in its cache: what the drain's decisions read, nothing
+//! else.
+//!
+//! A pod as the API server sends it takes about 20 KiB once decoded (a `Container` alone is
+//! 2.3 KiB before its strings: image, command, env, probes, mounts), and a node actor caches
+//! every pod of its node for as long as the node is under maintenance: 500 nodes of 20 pods held
+//! 200 MiB. The drain reads a few fields of each ([`crate::drain_plan`]), so the cache keeps
+//! those and drops the rest as each pod arrives from the watch.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::drain_plan::MIRROR_POD_ANNOTATION;
+
+/// Keeps of `pod` what the drain reads, in place:
+/// - metadata: identity (name, namespace, UID, resourceVersion, creation and deletion times),
+///   labels (podSelector, budgets, the operator's own pods), owner references (controller,
+///   DaemonSet), finalizers, and of the annotations only the mirror-pod mark;
+/// - spec: the node, the name and resources of each container that has any
+///   (`podEvictionFilters`), the emptyDir volumes by name (`deleteEmptyDir`), the termination
+///   grace period;
+/// - status: the phase (finished pods, `waitForPodCompletion`).
+///
+/// Every decision of [`crate::drain_plan`] is the same on the trimmed pod as on the whole one.
+pub fn trim_for_drain(pod: &mut Pod) {
+    let meta = std::mem::take(&mut pod.metadata);
+    pod.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        creation_timestamp: meta.creation_timestamp,
+        deletion_timestamp: meta.deletion_timestamp,
+        deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+        labels: meta.labels,
+        owner_references: meta.owner_references,
+        finalizers: meta.finalizers,
+        annotations: meta.annotations.and_then(|mut annotations| {
+            let kept: BTreeMap<String, String> = annotations
+                .remove_entry(MIRROR_POD_ANNOTATION)
+                .into_iter()
+                .collect();
+            (!kept.is_empty()).then_some(kept)
+        }),
+        ..ObjectMeta::default()
+    };
+    pod.spec = pod.spec.take().map(|spec| PodSpec {
+        node_name: spec.node_name,
+        containers: containers_with_resources(spec.containers),
+        init_containers: spec.init_containers.map(containers_with_resources),
+        volumes: spec.volumes.map(|volumes| {
+            compact(
+                volumes
+                    .into_iter()
+                    .filter(|v| v.empty_dir.is_some())
+                    .map(empty_dir_view)
+                    .collect(),
+            )
+        }),
+        termination_grace_period_seconds: spec.termination_grace_period_seconds,
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|status| PodStatus {
+        phase: status.phase,
+        ..PodStatus::default()
+    });
+}
+
+/// The containers that request or limit a resource, with only that: `podEvictionFilters` match
+/// resource names, and nothing else of a container matters to the drain. A `Container` is 2.3 KiB
+/// before its strings.
+fn containers_with_resources(containers: Vec<Container>) -> Vec<Container> {
+    let kept = containers
+        .into_iter()
+        .filter(|c| {
+            c.resources.as_ref().is_some_and(|r| {
+                r.requests.as_ref().is_some_and(|m| !m.is_empty())
+                    || r.limits.as_ref().is_some_and(|m| !m.is_empty())
+            })
+        })
+        .map(|c| Container {
+            name: c.name,
+            resources: c.resources.map(|r| ResourceRequirements {
+                requests: r.requests,
+                limits: r.limits,
+                ..ResourceRequirements::default()
+            }),
+            ..Container::default()
+        })
+        .collect();
+    compact(kept)
+}
+
+/// A filtered `Vec` collected in place keeps the capacity of the one it came from: the
+/// containers and volumes dropped above would still take their room.
+fn compact<T>(mut items: Vec<T>) -> Vec<T> {
+    items.shrink_to_fit();
+    items
+}
+
+/// An emptyDir's settings (medium, size limit) do not matter to the drain, only that it is one;
+/// other volumes do not matter at all (a `Volume` is 3 KiB: one field per kind of source).
+fn empty_dir_view(volume: Volume) -> Volume {
+    Volume {
+        name: volume.name,
+        empty_dir: volume.empty_dir.map(|_| EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drain_plan::{
+        CompletionRules, DrainRules, OperatorIdentity, classify, plan, pods_to_wait_for,
+        required_flags,
+    };
+    use crate::fixtures::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerStatus, EnvVar, PodCondition, Probe, SecretVolumeSource, VolumeMount,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use maintenance_crds::{DrainSpec, PodEvictionFilterEntry, WaitForPodCompletionSpec};
+
+    /// A pod as a Deployment's ReplicaSet makes it and a kubelet reports it: the fields the drain
+    /// does not read are the bulk of it.
+    fn as_the_api_server_sends_it(mut p: Pod) -> Pod {
+        p.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                "kubectl.kubernetes.io/restartedAt".into(),
+                "2026-12-05".into(),
+            );
+        p.metadata.generate_name = Some("web-5d8f7-".into());
+        if let Some(spec) = p.spec.as_mut() {
+            for c in &mut spec.containers {
+                c.image = Some("registry.example.com/web:1.2.3".into());
+                c.command = Some(vec!["/bin/web".into(), "--port=8080".into()]);
+                c.env = Some(
+                    (0..20)
+                        .map(|i| EnvVar {
+                            name: format!("SETTING_{i}"),
+                            value: Some(format!("value-{i}")),
+                            ..EnvVar::default()
+                        })
+                        .collect(),
+                );
+                c.liveness_probe = Some(Probe::default());
+                c.readiness_probe = Some(Probe::default());
+                c.volume_mounts = Some(vec![VolumeMount {
+                    name: "data".into(),
+                    mount_path: "/data".into(),
+                    ..VolumeMount::default()
+                }]);
+            }
+            // The ServiceAccount token every pod mounts, and a sidecar without resources.
+            spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+                name: "token".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some("web-token".into()),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            });
+            spec.containers.push(Container {
+                name: "proxy".into(),
+                image: Some("registry.example.com/proxy:2".into()),
+                ..Container::default()
+            });
+            spec.service_account_name = Some("web".into());
+            spec.scheduler_name = Some("default-scheduler".into());
+        }
+        if let Some(status) = p.status.as_mut() {
+            status.conditions = Some(
+                ["PodScheduled", "Initialized", "ContainersReady", "Ready"]
+                    .into_iter()
+                    .map(|t| PodCondition {
+                        type_: t.into(),
+                        status: "True".into(),
+                        ..PodCondition::default()
+                    })
+                    .collect(),
+            );
+            status.container_statuses = Some(vec![ContainerStatus {
+                name: "main".into(),
+                image: "registry.example.com/web:1.2.3".into(),
+                ready: true,
+                ..ContainerStatus::default()
+            }]);
+            status.pod_ip = Some("10.128.0.12".into());
+            status.host_ip = Some("10.0.0.3".into());
+        }
+        p
+    }
+
+    fn with_gpu(mut p: Pod) -> Pod {
+        if let Some(spec) = p.spec.as_mut() {
+            spec.containers[0].resources = Some(ResourceRequirements {
+                limits: Some(BTreeMap::from([(
+                    "nvidia.com/gpu".to_string(),
+                    Quantity("1".into()),
+                )])),
+                ..ResourceRequirements::default()
+            });
+        }
+        p
+    }
+
+    fn with_empty_dir(mut p: Pod) -> Pod {
+        if let Some(spec) = p.spec.as_mut() {
+            spec.volumes = Some(vec![Volume {
+                name: "data".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    ..EmptyDirVolumeSource::default()
+                }),
+                ..Volume::default()
+            }]);
+        }
+        p
+    }
+
+    fn mirror(mut p: Pod) -> Pod {
+        p.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(MIRROR_POD_ANNOTATION.into(), "hash".into());
+        p
+    }
+
+    /// One pod of every kind the drain tells apart.
+    fn every_kind() -> Vec<Pod> {
+        [
+            pod("ns", "web"),
+            bare("ns", "bare"),
+            owned_by(bare("ns", "ds"), "DaemonSet"),
+            with_empty_dir(pod("ns", "cache")),
+            with_gpu(pod("ns", "gpu")),
+            with_label(pod("ns", "labelled"), "tier", "batch"),
+            with_phase(pod("ns", "done"), "Succeeded"),
+            with_phase(bare("ns", "job"), "Running"),
+            terminating(pod("ns", "going")),
+            mirror(bare("kube-system", "static")),
+            with_label(
+                pod("maintenance", "operator"),
+                crate::drain_plan::OPERATOR_NAME_LABEL,
+                crate::drain_plan::OPERATOR_NAME_LABEL_VALUE,
+            ),
+        ]
+        .into_iter()
+        .map(as_the_api_server_sends_it)
+        .collect()
+    }
+
+    fn trimmed(p: &Pod) -> Pod {
+        let mut p = p.clone();
+        trim_for_drain(&mut p);
+        p
+    }
+
+    /// Specs that exercise every rule that reads the pod: flags, selectors, resource filters.
+    fn drain_specs() -> Vec<DrainSpec> {
+        let base = DrainSpec::default();
+        vec![
+            base.clone(),
+            DrainSpec {
+                force: Some(true),
+                delete_empty_dir: Some(true),
+                ..base.clone()
+            },
+            DrainSpec {
+                pod_selector: Some("tier=batch".into()),
+                ..base.clone()
+            },
+            DrainSpec {
+                pod_eviction_filters: Some(vec![PodEvictionFilterEntry {
+                    by_resource_name_regex: Some("nvidia.com/gpu".into()),
+                }]),
+                ..base
+            },
+        ]
+    }
+
+    #[test]
+    fn every_drain_decision_is_the_same_on_the_trimmed_pod() {
+        let identity = Some(OperatorIdentity::new("maintenance", None));
+        let pods = every_kind();
+        let small: Vec<Pod> = pods.iter().map(trimmed).collect();
+        for spec in drain_specs() {
+            let rules = DrainRules::new(&spec, identity.clone()).expect("valid spec");
+            for (whole, trimmed) in pods.iter().zip(&small) {
+                assert_eq!(
+                    classify(&rules, whole),
+                    classify(&rules, trimmed),
+                    "{:?} under {spec:?}",
+                    whole.metadata.name
+                );
+                assert_eq!(required_flags(whole), required_flags(trimmed));
+            }
+            assert_eq!(plan(&rules, &pods), plan(&rules, &small));
+        }
+        let waits = CompletionRules::new(&WaitForPodCompletionSpec::default()).expect("valid");
+        assert_eq!(
+            pods_to_wait_for(&waits, &pods),
+            pods_to_wait_for(&waits, &small)
+        );
+    }
+
+    #[test]
+    fn what_the_drain_does_not_read_is_dropped() {
+        let whole = as_the_api_server_sends_it(with_empty_dir(with_gpu(pod("ns", "web"))));
+        let small = trimmed(&whole);
+        let size = |p: &Pod| serde_json::to_vec(p).map(|v| v.len()).unwrap_or_default();
+        // Env, probes, images, statuses: more than two thirds of this pod.
+        assert!(
+            size(&small) * 3 < size(&whole),
+            "trimmed {} bytes of {}",
+            size(&small),
+            size(&whole)
+        );
+        let spec = small.spec.as_ref().expect("spec kept");
+        assert_eq!(spec.containers.len(), 1, "the sidecar has no resources");
+        let volumes: Vec<&str> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(volumes, ["data"], "the emptyDir, not the token");
+        let container = &spec.containers[0];
+        assert_eq!(container.name, "main");
+        assert!(container.resources.is_some());
+        assert!(container.image.is_none() && container.env.is_none());
+        assert!(container.liveness_probe.is_none() && container.volume_mounts.is_none());
+        let status = small.status.as_ref().expect("status kept");
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert!(status.conditions.is_none() && status.container_statuses.is_none());
+        assert_eq!(small.metadata.annotations, None);
+        assert_eq!(small.metadata.uid, whole.metadata.uid);
+        assert_eq!(
+            small.metadata.owner_references,
+            whole.metadata.owner_references
+        );
+        assert_eq!(small.metadata.labels, whole.metadata.labels);
+    }
+
+    #[test]
+    fn the_mirror_pod_mark_is_the_annotation_kept() {
+        let small = trimmed(&as_the_api_server_sends_it(mirror(bare(
+            "kube-system",
+            "etcd",
+        ))));
+        let annotations = small.metadata.annotations.expect("mark kept");
+        assert_eq!(annotations.len(), 1);
+        assert!(annotations.contains_key(MIRROR_POD_ANNOTATION));
+    }
+}
