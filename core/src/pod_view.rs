@@ -332,6 +332,10 @@ mod tests {
             .map(|v| v.name.as_str())
             .collect();
         assert_eq!(volumes, ["data"], "the emptyDir, not the token");
+        // The room of what was dropped is given back, not only the elements.
+        assert_eq!(spec.containers.capacity(), spec.containers.len());
+        let kept_volumes = spec.volumes.as_ref().expect("the emptyDir");
+        assert_eq!(kept_volumes.capacity(), kept_volumes.len());
         let container = &spec.containers[0];
         assert_eq!(container.name, "main");
         assert!(container.resources.is_some());
