@@ -36,6 +36,13 @@ pub struct RunArgs {
     /// creation (the webhook refuses such requests; this covers those it did not see).
     #[arg(long, default_value_t = 300)]
     pub missing_node_grace_seconds: u64,
+    /// Most API calls in flight at once, per client (the operator has two: one for evictions, one
+    /// for everything else). Each call in flight holds an HTTP/1.1 connection, and the client keeps
+    /// idle connections for 90 s, so without a bound a burst (500 nodes entering maintenance at
+    /// once) opens a connection, TLS buffers included, per concurrent call. A watch holds its slot
+    /// only until the API server answers, so watches never starve other calls.
+    #[arg(long, env = "MAX_CONCURRENT_API_CALLS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_api_calls: u32,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -109,16 +116,24 @@ fn init_tracing(format: LogFormat) -> Option<LogLevelSetter> {
     })
 }
 
+/// kube's client with at most `max_in_flight` calls in flight; the others wait in its queue.
+fn bounded_client(config: kube::Config, max_in_flight: usize) -> anyhow::Result<kube::Client> {
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
+        .build())
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let set_log_level = init_tracing(args.log_format);
     let config = kube::Config::infer().await.map_err(|err| {
         anyhow::anyhow!("cannot find a Kubernetes config (in-cluster or KUBECONFIG): {err}")
     })?;
-    let client = kube::Client::try_from(config.clone())?;
+    let max_in_flight = usize::try_from(args.max_concurrent_api_calls)?;
+    let client = bounded_client(config.clone(), max_in_flight)?;
     let mut eviction_config = config;
     // A PDB's 429 must reach us at once, not be retried away inside the client.
     eviction_config.default_retry = false;
-    let eviction_client = kube::Client::try_from(eviction_config)?;
+    let eviction_client = bounded_client(eviction_config, max_in_flight)?;
 
     let metrics = Arc::new(Metrics::new()?);
     // One cluster-wide PDB watch for the evictor's per-budget gate and the node actors.
@@ -261,4 +276,58 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "maintenance-operator".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Calls the server is answering at once, and the most it ever answered at once.
+    #[derive(Default)]
+    struct InFlight {
+        now: AtomicUsize,
+        most: AtomicUsize,
+    }
+
+    /// A plain-HTTP server on localhost that holds every call 30 ms (long enough for a burst to
+    /// pile up) and records how many calls it holds at once.
+    async fn slow_server(in_flight: Arc<InFlight>) -> anyhow::Result<SocketAddr> {
+        let app = axum::Router::new().fallback(move || {
+            let in_flight = in_flight.clone();
+            async move {
+                let now = in_flight.now.fetch_add(1, Ordering::SeqCst) + 1;
+                in_flight.most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                in_flight.now.fetch_sub(1, Ordering::SeqCst);
+                r#"{"major":"1","minor":"37","gitVersion":"v1.37.2","gitCommit":"0","gitTreeState":"clean","buildDate":"2026-01-01T00:00:00Z","goVersion":"go1.25","compiler":"gc","platform":"linux/amd64"}"#
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(addr)
+    }
+
+    /// A burst of 100 calls (100 nodes entering maintenance at once) reaches the API server at
+    /// most `max_in_flight` at a time, so the client never opens more connections than that;
+    /// without the bound, all 100 are in flight together, each on its own connection.
+    #[tokio::test]
+    async fn a_burst_of_calls_never_has_more_in_flight_than_the_bound() -> anyhow::Result<()> {
+        let in_flight = Arc::new(InFlight::default());
+        let addr = slow_server(in_flight.clone()).await?;
+        let config = kube::Config::new(format!("http://{addr}").parse()?);
+        let client = bounded_client(config, 8)?;
+        let calls = (0..100).map(|_| client.apiserver_version());
+        for answer in futures::future::join_all(calls).await {
+            answer?;
+        }
+        let most = in_flight.most.load(Ordering::SeqCst);
+        assert_eq!(
+            most, 8,
+            "the server held {most} calls at once; the bound is 8 (and a burst of 100 fills it)"
+        );
+        Ok(())
+    }
 }

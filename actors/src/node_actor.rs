@@ -26,7 +26,7 @@ use maintenance_core::failed_step::{self, StepCall};
 use maintenance_core::lifecycle::{
     self, Action, EventReason, EvictionOrder, ForceDeleteOrder, Ledger, NodeView, Observed, Step,
 };
-use maintenance_core::pod_view;
+use maintenance_core::pod_view::CachedPod;
 use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
     READY_TIME_ANNOTATION,
@@ -123,7 +123,7 @@ struct RunningCall {
 }
 
 struct PodWatch {
-    store: Store<Pod>,
+    store: Store<CachedPod>,
     /// True while a PodsChanged waits in the mailbox; cleared when it is handled, so an event
     /// that arrives after the actor read the store always queues another.
     queued: Arc<AtomicBool>,
@@ -377,11 +377,16 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
             }
         }
     }
+    // The drain reads pods as `Pod`s, rebuilt from the compact cache for this step only.
     let pods: Option<Vec<Arc<Pod>>> = state.pods.as_ref().and_then(|watch| {
-        watch
-            .synced
-            .load(Ordering::Acquire)
-            .then(|| watch.store.state())
+        watch.synced.load(Ordering::Acquire).then(|| {
+            watch
+                .store
+                .state()
+                .iter()
+                .map(|cached| Arc::new(cached.to_pod()))
+                .collect()
+        })
     });
     let pdb_summaries: BTreeMap<String, String> = state
         .ledger
@@ -407,6 +412,9 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
         lifecycle::step(&state.request, &observed, now, &mut state.ledger)
     };
     tracing::trace!(request = %state.key(), phase = %state.request.phase(), actions = step.actions.len(), "step");
+    // The pods rebuilt for the decision go before the calls: held across them (hundreds of
+    // actors waiting for the API at once), they would cost what the compact cache saves.
+    drop(pods);
 
     if step.watch_pods {
         ensure_pod_watch(myself, state);
@@ -726,7 +734,7 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
     if state.pods.is_some() {
         return;
     }
-    let api: Api<Pod> = Api::all(state.ctx.client.clone());
+    let api: Api<CachedPod> = Api::all(state.ctx.client.clone());
     // One WATCH that starts with the current pods (sendInitialEvents) instead of a LIST and a
     // WATCH: a call less per drained node.
     let config = watcher::Config::default()
@@ -735,8 +743,8 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        // Only what the drain reads: a whole pod is about 20 KiB once decoded.
-        watcher(api, config).modify(pod_view::trim_for_drain),
+        // Only what the drain reads, decoded as such: a whole pod is about 20 KiB once decoded.
+        watcher(api, config).modify(CachedPod::trim),
     )
     .default_backoff();
     let actor = myself.clone();

@@ -4,31 +4,202 @@
 //! A pod as the API server sends it takes about 20 KiB once decoded (a `Container` alone is
 //! 2.3 KiB before its strings: image, command, env, probes, mounts), and a node actor caches
 //! every pod of its node for as long as the node is under maintenance: 500 nodes of 20 pods held
-//! 200 MiB. The drain reads a few fields of each ([`crate::drain_plan`]), so the cache keeps
-//! those and drops the rest as each pod arrives from the watch.
+//! 200 MiB. The drain reads a few fields of each ([`crate::drain_plan`]): [`trim_for_drain`]
+//! says which. Even trimmed, a `Pod` is 2.5 KiB of mostly empty fields, so the cache holds a
+//! [`CachedPod`] instead, decoded straight from the API server's JSON (what it does not name is
+//! skipped while parsing, never allocated), and the drain's functions get the trimmed `Pod` back
+//! from it ([`CachedPod::to_pod`]) for the moment they run.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
 
 use crate::drain_plan::MIRROR_POD_ANNOTATION;
 
-/// Keeps of `pod` what the drain reads, in place:
-/// - metadata: identity (name, namespace, UID, resourceVersion, creation and deletion times),
-///   labels (podSelector, budgets, the operator's own pods), owner references (controller,
-///   DaemonSet), finalizers, and of the annotations only the mirror-pod mark;
-/// - spec: the node, the name and resources of each container that has any
-///   (`podEvictionFilters`), the emptyDir volumes by name (`deleteEmptyDir`), the termination
-///   grace period;
-/// - status: the phase (finished pods, `waitForPodCompletion`).
-///
-/// Every decision of [`crate::drain_plan`] is the same on the trimmed pod as on the whole one.
-pub fn trim_for_drain(pod: &mut Pod) {
-    let meta = std::mem::take(&mut pod.metadata);
-    pod.metadata = ObjectMeta {
+/// A pod in a node actor's cache: the fields [`trim_for_drain`] keeps, and no room for the others.
+/// It reads as a `v1` Pod (the watch decodes it from the pods' API), and
+/// `CachedPod::to_pod` gives back exactly `trim_for_drain` of the pod it came from.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct CachedPod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<CachedSpec>,
+    #[serde(default)]
+    status: Option<CachedStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct CachedSpec {
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    containers: Vec<CachedContainer>,
+    #[serde(default)]
+    init_containers: Option<Vec<CachedContainer>>,
+    #[serde(default)]
+    volumes: Option<Vec<CachedVolume>>,
+    #[serde(default)]
+    termination_grace_period_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+struct CachedContainer {
+    name: String,
+    #[serde(default)]
+    resources: Option<CachedResources>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+struct CachedResources {
+    #[serde(default)]
+    requests: Option<BTreeMap<String, Quantity>>,
+    #[serde(default)]
+    limits: Option<BTreeMap<String, Quantity>>,
+}
+
+/// A volume by name; `empty_dir` says whether it is one (its settings are skipped).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct CachedVolume {
+    name: String,
+    #[serde(default)]
+    empty_dir: Option<Present>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+struct CachedStatus {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+/// A field whose presence is all that matters: its value is skipped while parsing.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Present;
+
+impl<'de> Deserialize<'de> for Present {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(deserializer).map(|_| Present)
+    }
+}
+
+impl k8s_openapi::Resource for CachedPod {
+    const API_VERSION: &'static str = <Pod as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <Pod as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <Pod as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <Pod as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = <Pod as k8s_openapi::Resource>::Scope;
+}
+
+impl k8s_openapi::Metadata for CachedPod {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl CachedPod {
+    /// Drops what was decoded but is not kept: the metadata the drain does not read
+    /// (managedFields, annotations but the mirror mark), the containers without resources, the
+    /// volumes that are not emptyDirs. The watch applies it to each pod as it arrives.
+    pub fn trim(&mut self) {
+        self.metadata = trimmed_meta(std::mem::take(&mut self.metadata));
+        if let Some(spec) = self.spec.as_mut() {
+            spec.containers = cached_with_resources(std::mem::take(&mut spec.containers));
+            spec.init_containers = spec.init_containers.take().map(cached_with_resources);
+            spec.volumes = spec.volumes.take().map(|volumes| {
+                compact(
+                    volumes
+                        .into_iter()
+                        .filter(|v| v.empty_dir.is_some())
+                        .collect(),
+                )
+            });
+        }
+    }
+
+    /// The pod the drain's functions read: `trim_for_drain` of the pod this was decoded from.
+    pub fn to_pod(&self) -> Pod {
+        Pod {
+            metadata: self.metadata.clone(),
+            spec: self.spec.as_ref().map(|spec| PodSpec {
+                node_name: spec.node_name.clone(),
+                containers: spec
+                    .containers
+                    .iter()
+                    .map(CachedContainer::to_container)
+                    .collect(),
+                init_containers: spec
+                    .init_containers
+                    .as_ref()
+                    .map(|c| c.iter().map(CachedContainer::to_container).collect()),
+                volumes: spec.volumes.as_ref().map(|volumes| {
+                    volumes
+                        .iter()
+                        .map(|v| Volume {
+                            name: v.name.clone(),
+                            empty_dir: Some(EmptyDirVolumeSource::default()),
+                            ..Volume::default()
+                        })
+                        .collect()
+                }),
+                termination_grace_period_seconds: spec.termination_grace_period_seconds,
+                ..PodSpec::default()
+            }),
+            status: self.status.as_ref().map(|status| PodStatus {
+                phase: status.phase.clone(),
+                ..PodStatus::default()
+            }),
+        }
+    }
+}
+
+impl CachedContainer {
+    fn has_resources(&self) -> bool {
+        self.resources.as_ref().is_some_and(|r| {
+            r.requests.as_ref().is_some_and(|m| !m.is_empty())
+                || r.limits.as_ref().is_some_and(|m| !m.is_empty())
+        })
+    }
+
+    fn to_container(&self) -> Container {
+        Container {
+            name: self.name.clone(),
+            resources: self.resources.as_ref().map(|r| ResourceRequirements {
+                requests: r.requests.clone(),
+                limits: r.limits.clone(),
+                ..ResourceRequirements::default()
+            }),
+            ..Container::default()
+        }
+    }
+}
+
+fn cached_with_resources(containers: Vec<CachedContainer>) -> Vec<CachedContainer> {
+    compact(
+        containers
+            .into_iter()
+            .filter(CachedContainer::has_resources)
+            .collect(),
+    )
+}
+
+/// Of the metadata, what the drain reads: identity, the times, labels, owners, finalizers, and
+/// of the annotations only the mirror-pod mark.
+fn trimmed_meta(meta: ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
         name: meta.name,
         namespace: meta.namespace,
         uid: meta.uid,
@@ -47,7 +218,21 @@ pub fn trim_for_drain(pod: &mut Pod) {
             (!kept.is_empty()).then_some(kept)
         }),
         ..ObjectMeta::default()
-    };
+    }
+}
+
+/// Keeps of `pod` what the drain reads, in place:
+/// - metadata: identity (name, namespace, UID, resourceVersion, creation and deletion times),
+///   labels (podSelector, budgets, the operator's own pods), owner references (controller,
+///   DaemonSet), finalizers, and of the annotations only the mirror-pod mark;
+/// - spec: the node, the name and resources of each container that has any
+///   (`podEvictionFilters`), the emptyDir volumes by name (`deleteEmptyDir`), the termination
+///   grace period;
+/// - status: the phase (finished pods, `waitForPodCompletion`).
+///
+/// Every decision of [`crate::drain_plan`] is the same on the trimmed pod as on the whole one.
+pub fn trim_for_drain(pod: &mut Pod) {
+    pod.metadata = trimmed_meta(std::mem::take(&mut pod.metadata));
     pod.spec = pod.spec.take().map(|spec| PodSpec {
         node_name: spec.node_name,
         containers: containers_with_resources(spec.containers),
@@ -123,7 +308,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         ContainerStatus, EnvVar, PodCondition, Probe, SecretVolumeSource, VolumeMount,
     };
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
     use maintenance_crds::{DrainSpec, PodEvictionFilterEntry, WaitForPodCompletionSpec};
 
     /// A pod as a Deployment's ReplicaSet makes it and a kubelet reports it: the fields the drain
@@ -137,6 +322,11 @@ mod tests {
                 "2026-12-05".into(),
             );
         p.metadata.generate_name = Some("web-5d8f7-".into());
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kube-controller-manager".into()),
+            operation: Some("Update".into()),
+            ..ManagedFieldsEntry::default()
+        }]);
         if let Some(spec) = p.spec.as_mut() {
             for c in &mut spec.containers {
                 c.image = Some("registry.example.com/web:1.2.3".into());
@@ -225,6 +415,31 @@ mod tests {
         p
     }
 
+    /// An init container that requests a GPU, and one that requests nothing.
+    fn with_init_containers(mut p: Pod) -> Pod {
+        if let Some(spec) = p.spec.as_mut() {
+            spec.init_containers = Some(vec![
+                Container {
+                    name: "setup".into(),
+                    resources: Some(ResourceRequirements {
+                        requests: Some(BTreeMap::from([(
+                            "nvidia.com/gpu".to_string(),
+                            Quantity("1".into()),
+                        )])),
+                        ..ResourceRequirements::default()
+                    }),
+                    ..Container::default()
+                },
+                Container {
+                    name: "wait".into(),
+                    image: Some("busybox".into()),
+                    ..Container::default()
+                },
+            ]);
+        }
+        p
+    }
+
     fn mirror(mut p: Pod) -> Pod {
         p.metadata
             .annotations
@@ -241,6 +456,7 @@ mod tests {
             owned_by(bare("ns", "ds"), "DaemonSet"),
             with_empty_dir(pod("ns", "cache")),
             with_gpu(pod("ns", "gpu")),
+            with_init_containers(pod("ns", "init")),
             with_label(pod("ns", "labelled"), "tier", "batch"),
             with_phase(pod("ns", "done"), "Succeeded"),
             with_phase(bare("ns", "job"), "Running"),
@@ -255,6 +471,15 @@ mod tests {
         .into_iter()
         .map(as_the_api_server_sends_it)
         .collect()
+    }
+
+    /// `p` as the node actor's watch caches it: encoded as the API server sends it, decoded as a
+    /// [`CachedPod`], trimmed.
+    fn cached(p: &Pod) -> CachedPod {
+        let json = serde_json::to_vec(p).expect("a pod encodes");
+        let mut cached: CachedPod = serde_json::from_slice(&json).expect("a pod decodes as cached");
+        cached.trim();
+        cached
     }
 
     fn trimmed(p: &Pod) -> Pod {
@@ -362,5 +587,48 @@ mod tests {
         let annotations = small.metadata.annotations.expect("mark kept");
         assert_eq!(annotations.len(), 1);
         assert!(annotations.contains_key(MIRROR_POD_ANNOTATION));
+    }
+
+    #[test]
+    fn the_cache_gives_back_the_trimmed_pod() {
+        for whole in every_kind() {
+            assert_eq!(
+                cached(&whole).to_pod(),
+                trimmed(&whole),
+                "{:?}",
+                whole.metadata.name
+            );
+        }
+        // The drain's decisions therefore hold on what the cache gives back (see above); and a
+        // pod with no spec or status (a tombstone's shape) decodes too.
+        let empty: CachedPod =
+            serde_json::from_str(r#"{"metadata":{"name":"p"}}"#).expect("decodes");
+        assert_eq!(empty.to_pod().metadata.name.as_deref(), Some("p"));
+    }
+
+    /// Room in the cache: the cached pod holds none of the 2.5 KiB of empty fields a trimmed
+    /// `Pod` carries, and a container with resources keeps its name and quantities, not the
+    /// 2.3 KiB of a `Container`.
+    #[test]
+    fn a_cached_pod_takes_a_fraction_of_a_trimmed_one() {
+        let (cached_size, pod_size) = (size_of::<CachedPod>(), size_of::<Pod>());
+        println!(
+            "inline: CachedPod {cached_size} bytes, Pod {pod_size}; CachedContainer {}, Container {}",
+            size_of::<CachedContainer>(),
+            size_of::<Container>()
+        );
+        assert!(
+            cached_size * 3 < pod_size,
+            "a CachedPod is {cached_size} bytes inline, a Pod {pod_size}"
+        );
+        assert!(size_of::<CachedContainer>() * 10 < size_of::<Container>());
+        let whole = as_the_api_server_sends_it(with_empty_dir(with_gpu(pod("ns", "web"))));
+        let small = cached(&whole);
+        let spec = small.spec.as_ref().expect("spec kept");
+        assert_eq!(spec.containers.len(), 1, "the sidecar has no resources");
+        assert_eq!(spec.containers.capacity(), 1, "and its room is given back");
+        let volumes = spec.volumes.as_ref().expect("the emptyDir");
+        assert_eq!((volumes.len(), volumes.capacity()), (1, 1), "not the token");
+        assert_eq!(small.metadata.managed_fields, None);
     }
 }
