@@ -1,6 +1,7 @@
 //! The `maintenance-operator` package: the operator binary's commands, shared with the
 //! `kubectl-maintenance` plugin.
 
+pub mod api_calls;
 pub mod http;
 pub mod kubectl;
 pub mod leader;

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use maintenance_actors::context::{Context, LogLevelSetter};
 use maintenance_actors::evictor::{EvictionRate, Evictor};
-use maintenance_actors::metrics::Metrics;
+use maintenance_actors::metrics::{ApiClient, Metrics};
 use maintenance_actors::pdb_watch::PdbWatches;
 use maintenance_actors::supervisor::Supervisor;
 use ractor::Actor;
 
+use crate::api_calls::bounded_client;
 use crate::http::{self, Probes};
 use crate::leader::LeaderElector;
 
@@ -116,26 +117,23 @@ fn init_tracing(format: LogFormat) -> Option<LogLevelSetter> {
     })
 }
 
-/// kube's client with at most `max_in_flight` calls in flight; the others wait in its queue.
-fn bounded_client(config: kube::Config, max_in_flight: usize) -> anyhow::Result<kube::Client> {
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
-        .build())
-}
-
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let set_log_level = init_tracing(args.log_format);
     let config = kube::Config::infer().await.map_err(|err| {
         anyhow::anyhow!("cannot find a Kubernetes config (in-cluster or KUBECONFIG): {err}")
     })?;
+    let metrics = Arc::new(Metrics::new()?);
     let max_in_flight = usize::try_from(args.max_concurrent_api_calls)?;
-    let client = bounded_client(config.clone(), max_in_flight)?;
+    let client = bounded_client(config.clone(), max_in_flight, &metrics, ApiClient::Main)?;
     let mut eviction_config = config;
     // A PDB's 429 must reach us at once, not be retried away inside the client.
     eviction_config.default_retry = false;
-    let eviction_client = bounded_client(eviction_config, max_in_flight)?;
-
-    let metrics = Arc::new(Metrics::new()?);
+    let eviction_client = bounded_client(
+        eviction_config,
+        max_in_flight,
+        &metrics,
+        ApiClient::Evictions,
+    )?;
     // One cluster-wide PDB watch for the evictor's per-budget gate and the node actors.
     let pdbs = PdbWatches::new(client.clone());
     let evictor = Evictor::new(
@@ -276,58 +274,4 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "maintenance-operator".to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use super::*;
-
-    /// Calls the server is answering at once, and the most it ever answered at once.
-    #[derive(Default)]
-    struct InFlight {
-        now: AtomicUsize,
-        most: AtomicUsize,
-    }
-
-    /// A plain-HTTP server on localhost that holds every call 30 ms (long enough for a burst to
-    /// pile up) and records how many calls it holds at once.
-    async fn slow_server(in_flight: Arc<InFlight>) -> anyhow::Result<SocketAddr> {
-        let app = axum::Router::new().fallback(move || {
-            let in_flight = in_flight.clone();
-            async move {
-                let now = in_flight.now.fetch_add(1, Ordering::SeqCst) + 1;
-                in_flight.most.fetch_max(now, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                in_flight.now.fetch_sub(1, Ordering::SeqCst);
-                r#"{"major":"1","minor":"37","gitVersion":"v1.37.2","gitCommit":"0","gitTreeState":"clean","buildDate":"2026-01-01T00:00:00Z","goVersion":"go1.25","compiler":"gc","platform":"linux/amd64"}"#
-            }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Ok(addr)
-    }
-
-    /// A burst of 100 calls (100 nodes entering maintenance at once) reaches the API server at
-    /// most `max_in_flight` at a time, so the client never opens more connections than that;
-    /// without the bound, all 100 are in flight together, each on its own connection.
-    #[tokio::test]
-    async fn a_burst_of_calls_never_has_more_in_flight_than_the_bound() -> anyhow::Result<()> {
-        let in_flight = Arc::new(InFlight::default());
-        let addr = slow_server(in_flight.clone()).await?;
-        let config = kube::Config::new(format!("http://{addr}").parse()?);
-        let client = bounded_client(config, 8)?;
-        let calls = (0..100).map(|_| client.apiserver_version());
-        for answer in futures::future::join_all(calls).await {
-            answer?;
-        }
-        let most = in_flight.most.load(Ordering::SeqCst);
-        assert_eq!(
-            most, 8,
-            "the server held {most} calls at once; the bound is 8 (and a burst of 100 fills it)"
-        );
-        Ok(())
-    }
 }

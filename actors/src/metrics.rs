@@ -69,6 +69,12 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Admission reviews answered by the webhook, by operation and verdict (allowed, denied, error).
     pub admission_reviews_total: IntCounterVec,
+    /// API calls sent and not yet answered, per client (at most
+    /// `--max-concurrent-api-calls` each).
+    pub api_calls_in_flight: prometheus::IntGaugeVec,
+    /// Time a client's next call waited because `--max-concurrent-api-calls` calls were already
+    /// in flight: its rate is the share of the time the bound held calls back.
+    pub api_calls_throttled_seconds_total: prometheus::CounterVec,
     /// The pods each PDB blocks, summed over node actors: a label set goes when its count is 0.
     blocked_by_pdb: Mutex<HashMap<(String, String), i64>>,
     /// The (budget, group) label sets exported at the last round, so that removed ones go.
@@ -82,6 +88,26 @@ pub struct BudgetSample<'a> {
     pub group: &'a str,
     pub available_slots: Option<u32>,
     pub can_become_unavailable: Option<u32>,
+}
+
+/// The operator's two API clients, each with its own bound on calls in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiClient {
+    /// Evictions and the deletions of a drain (no retries inside the client: a 429 is an answer).
+    Evictions,
+    /// Everything else: watches, lists, status, cordons, leases.
+    Main,
+}
+
+impl ApiClient {
+    pub const ALL: [ApiClient; 2] = [ApiClient::Evictions, ApiClient::Main];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiClient::Evictions => "evictions",
+            ApiClient::Main => "main",
+        }
+    }
 }
 
 /// A gauge vector labelled by phase.
@@ -235,6 +261,21 @@ impl Metrics {
                 ),
                 &["operation", "verdict"],
             )?,
+            api_calls_in_flight: prometheus::IntGaugeVec::new(
+                opts(
+                    "api_calls_in_flight",
+                    "API calls sent and not yet answered, by client",
+                ),
+                &["client"],
+            )?,
+            api_calls_throttled_seconds_total: prometheus::CounterVec::new(
+                opts(
+                    "api_calls_throttled_seconds_total",
+                    "Seconds a client's next API call waited because --max-concurrent-api-calls \
+                     calls were in flight",
+                ),
+                &["client"],
+            )?,
             blocked_by_pdb: Mutex::new(HashMap::new()),
             budget_series: Mutex::new(HashSet::new()),
             registry,
@@ -251,6 +292,11 @@ impl Metrics {
         for cause in maintenance_core::collection::Cause::METRIC_LABELS {
             m.requests_garbage_collected_total
                 .with_label_values(&[cause]);
+        }
+        for client in ApiClient::ALL {
+            m.api_calls_in_flight.with_label_values(&[client.as_str()]);
+            m.api_calls_throttled_seconds_total
+                .with_label_values(&[client.as_str()]);
         }
         // Exported at 0 from the start, so that rate() and alerts see the first review.
         for operation in [Operation::Create, Operation::Update] {
@@ -289,6 +335,8 @@ impl Metrics {
             Box::new(self.errors_total.clone()),
             Box::new(self.leader.clone()),
             Box::new(self.admission_reviews_total.clone()),
+            Box::new(self.api_calls_in_flight.clone()),
+            Box::new(self.api_calls_throttled_seconds_total.clone()),
         ]
     }
 
@@ -415,14 +463,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 25, "{names:?}");
+        assert_eq!(names.len(), 27, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 25, "{names:?}");
+        assert_eq!(names.len(), 27, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

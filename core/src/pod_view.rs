@@ -4,11 +4,11 @@
 //! A pod as the API server sends it takes about 20 KiB once decoded (a `Container` alone is
 //! 2.3 KiB before its strings: image, command, env, probes, mounts), and a node actor caches
 //! every pod of its node for as long as the node is under maintenance: 500 nodes of 20 pods held
-//! 200 MiB. The drain reads a few fields of each ([`crate::drain_plan`]): [`trim_for_drain`]
-//! says which. Even trimmed, a `Pod` is 2.5 KiB of mostly empty fields, so the cache holds a
-//! [`CachedPod`] instead, decoded straight from the API server's JSON (what it does not name is
-//! skipped while parsing, never allocated), and the drain's functions get the trimmed `Pod` back
-//! from it ([`CachedPod::to_pod`]) for the moment they run.
+//! 200 MiB. The drain reads a few fields of each ([`crate::drain_plan`]): `trim_for_drain`, the
+//! tests' reference, says which. Even trimmed, a `Pod` is 2.5 KiB of mostly empty fields, so the
+//! cache holds a [`CachedPod`] instead, decoded straight from the API server's JSON (what it does
+//! not name is skipped while parsing, never allocated), and the drain's functions get the trimmed
+//! `Pod` back from it ([`CachedPod::to_pod`]) for the moment they run.
 
 use std::collections::BTreeMap;
 
@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use crate::drain_plan::MIRROR_POD_ANNOTATION;
 
-/// A pod in a node actor's cache: the fields [`trim_for_drain`] keeps, and no room for the others.
+/// A pod in a node actor's cache: the fields `trim_for_drain` keeps, and no room for the others.
 /// It reads as a `v1` Pod (the watch decodes it from the pods' API), and
 /// `CachedPod::to_pod` gives back exactly `trim_for_drain` of the pod it came from.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -231,7 +231,11 @@ fn trimmed_meta(meta: ObjectMeta) -> ObjectMeta {
 /// - status: the phase (finished pods, `waitForPodCompletion`).
 ///
 /// Every decision of [`crate::drain_plan`] is the same on the trimmed pod as on the whole one.
-pub fn trim_for_drain(pod: &mut Pod) {
+///
+/// The reference the tests hold [`CachedPod`] to (`cached(pod).to_pod() == trim_for_drain(pod)`):
+/// written over `Pod`, on its own, so that the two cannot share a mistake.
+#[cfg(test)]
+fn trim_for_drain(pod: &mut Pod) {
     pod.metadata = trimmed_meta(std::mem::take(&mut pod.metadata));
     pod.spec = pod.spec.take().map(|spec| PodSpec {
         node_name: spec.node_name,
@@ -258,6 +262,7 @@ pub fn trim_for_drain(pod: &mut Pod) {
 /// The containers that request or limit a resource, with only that: `podEvictionFilters` match
 /// resource names, and nothing else of a container matters to the drain. A `Container` is 2.3 KiB
 /// before its strings.
+#[cfg(test)]
 fn containers_with_resources(containers: Vec<Container>) -> Vec<Container> {
     let kept = containers
         .into_iter()
@@ -289,6 +294,7 @@ fn compact<T>(mut items: Vec<T>) -> Vec<T> {
 
 /// An emptyDir's settings (medium, size limit) do not matter to the drain, only that it is one;
 /// other volumes do not matter at all (a `Volume` is 3 KiB: one field per kind of source).
+#[cfg(test)]
 fn empty_dir_view(volume: Volume) -> Volume {
     Volume {
         name: volume.name,
