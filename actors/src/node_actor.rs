@@ -898,3 +898,90 @@ fn sync_pdb_subscriptions(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
             .insert((namespace, name), AbortOnDrop(task));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evictor::{EvictionRate, Evictor};
+    use crate::metrics::Metrics;
+    use crate::pdb_watch::PdbWatches;
+
+    /// A context whose client is never contacted.
+    fn context() -> Arc<Context> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a valid URL"));
+        let client = kube::Client::try_from(config).expect("a client for a plain-HTTP URL");
+        let metrics = Arc::new(Metrics::new().expect("fresh metrics register"));
+        let pdbs = PdbWatches::new(client.clone());
+        let evictor = Evictor::new(
+            client.clone(),
+            EvictionRate {
+                per_second: 1,
+                burst: 1,
+            },
+            metrics.clone(),
+            pdbs.store(),
+        );
+        Arc::new(Context::new(
+            client,
+            evictor,
+            pdbs,
+            metrics,
+            "maintenance".into(),
+            None,
+            Duration::from_secs(10),
+        ))
+    }
+
+    fn state(ctx: Arc<Context>) -> NodeState {
+        let request = NodeMaintenance::new(
+            "upgrade",
+            maintenance_crds::NodeMaintenanceSpec {
+                node_name: "node-1".into(),
+                requestor_id: "test".into(),
+                ..maintenance_crds::NodeMaintenanceSpec::default()
+            },
+        );
+        let (nodes, _writer) = reflector::store();
+        NodeState {
+            ctx,
+            request: Arc::new(request),
+            nodes,
+            end: Arc::new(OnceLock::new()),
+            gone: false,
+            pods: None,
+            ledger: Ledger::default(),
+            next_step_at: None,
+            consecutive_errors: 0,
+            reported_pdbs: BTreeMap::new(),
+            pdb_watches: HashMap::new(),
+            progress_reported: false,
+            calls: HashMap::new(),
+            next_call: 0,
+        }
+    }
+
+    /// ractor runs no `post_stop` after a panic, so the series an actor exported (the actor
+    /// count, its node's progress, the pods its drain sees blocked by a budget) go when its state
+    /// is dropped, however the actor ended; without that they would stay for good.
+    #[tokio::test]
+    async fn an_actors_series_go_with_its_state() {
+        let ctx = context();
+        let metrics = ctx.metrics.clone();
+        let mut state = state(ctx);
+        metrics.node_actors.inc();
+        report_metrics(&mut state, Some(jiff::Timestamp::now()));
+        metrics.add_pods_blocked_by_pdb("team", "db", 2);
+        state
+            .reported_pdbs
+            .insert(("team".to_string(), "db".to_string()), 2);
+        let before = metrics.render();
+        assert!(before.contains("node=\"node-1\""), "{before}");
+        assert!(before.contains("pdb=\"db\"} 2"), "{before}");
+
+        drop(state);
+        let after = metrics.render();
+        assert_eq!(metrics.node_actors.get(), 0);
+        assert!(!after.contains("node=\"node-1\""), "{after}");
+        assert!(!after.contains("pdb=\"db\""), "{after}");
+    }
+}
