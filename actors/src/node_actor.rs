@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -377,16 +377,12 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
             }
         }
     }
-    // The drain reads pods as `Pod`s, rebuilt from the compact cache for this step only.
-    let pods: Option<Vec<Arc<Pod>>> = state.pods.as_ref().and_then(|watch| {
-        watch.synced.load(Ordering::Acquire).then(|| {
-            watch
-                .store
-                .state()
-                .iter()
-                .map(|cached| Arc::new(cached.to_pod()))
-                .collect()
-        })
+    // The drain reads the cached pods as they are (shared, not copied).
+    let pods: Option<Vec<Arc<CachedPod>>> = state.pods.as_ref().and_then(|watch| {
+        watch
+            .synced
+            .load(Ordering::Acquire)
+            .then(|| watch.store.state())
     });
     let pdb_summaries: BTreeMap<String, String> = state
         .ledger
@@ -412,8 +408,8 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
         lifecycle::step(&state.request, &observed, now, &mut state.ledger)
     };
     tracing::trace!(request = %state.key(), phase = %state.request.phase(), actions = step.actions.len(), "step");
-    // The pods rebuilt for the decision go before the calls: held across them (hundreds of
-    // actors waiting for the API at once), they would cost what the compact cache saves.
+    // The snapshot goes before the calls: held across them, a pod that changes meanwhile would
+    // be kept twice (the snapshot's version and the cache's) by every actor waiting for the API.
     drop(pods);
 
     if step.watch_pods {

@@ -21,13 +21,14 @@
 //! Everything here is pure: the node actor calls it on every pod change, and a spec change (say,
 //! `force` turned on) takes effect by building new `DrainRules`.
 
-use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use maintenance_crds::{BlockedPod, DrainSpec, WaitForPodCompletionSpec};
 use regex::Regex;
 use thiserror::Error;
@@ -40,6 +41,91 @@ pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 pub const OPERATOR_NAME_LABEL: &str = "app.kubernetes.io/name";
 /// Label value that marks the operator's own pods.
 pub const OPERATOR_NAME_LABEL_VALUE: &str = "maintenance-operator";
+
+/// What the drain reads of a pod. The API's `Pod` answers it, and so does the node actor's cached
+/// pod ([`crate::pod_view::CachedPod`]), which keeps nothing else: every decision here is made on
+/// either, and the cache never has to be turned back into `Pod`s.
+pub trait DrainPod {
+    /// Identity, times, labels, owners, annotations.
+    fn meta(&self) -> &ObjectMeta;
+    /// `status.phase`.
+    fn phase(&self) -> Option<&str>;
+    /// Whether one of its volumes is an emptyDir.
+    fn has_empty_dir(&self) -> bool;
+    /// Whether a container or init container requests or limits a resource whose name `matches`.
+    fn requests_resource(&self, matches: &dyn Fn(&str) -> bool) -> bool;
+}
+
+impl DrainPod for Pod {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.phase.as_deref())
+    }
+
+    fn has_empty_dir(&self) -> bool {
+        self.spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .any(|v| v.empty_dir.is_some())
+    }
+
+    fn requests_resource(&self, matches: &dyn Fn(&str) -> bool) -> bool {
+        let resources = self
+            .spec
+            .iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .filter_map(|c| c.resources.as_ref())
+            .map(|r| [&r.requests, &r.limits]);
+        names_a_resource(resources, matches)
+    }
+}
+
+/// A container's requests or limits.
+pub(crate) type ResourceMap = Option<BTreeMap<String, Quantity>>;
+
+/// Whether any of these containers' `[requests, limits]` names a resource that `matches`.
+pub(crate) fn names_a_resource<'a>(
+    mut resources: impl Iterator<Item = [&'a ResourceMap; 2]>,
+    matches: &dyn Fn(&str) -> bool,
+) -> bool {
+    resources.any(|maps| {
+        maps.into_iter()
+            .flatten()
+            .any(|m| m.keys().any(|name| matches(name)))
+    })
+}
+
+/// A pod behind a reference or an `Arc` (as a watch cache hands them out) reads as the pod.
+macro_rules! drain_pod_through {
+    ($($pointer:ty),*) => {$(
+        impl<P: DrainPod + ?Sized> DrainPod for $pointer {
+            fn meta(&self) -> &ObjectMeta {
+                (**self).meta()
+            }
+
+            fn phase(&self) -> Option<&str> {
+                (**self).phase()
+            }
+
+            fn has_empty_dir(&self) -> bool {
+                (**self).has_empty_dir()
+            }
+
+            fn requests_resource(&self, matches: &dyn Fn(&str) -> bool) -> bool {
+                (**self).requests_resource(matches)
+            }
+        }
+    )*};
+}
+
+drain_pod_through!(Arc<P>, &P);
 
 /// A spec value that cannot be used; the message names the field, the value, and what to change.
 #[derive(Debug, Error)]
@@ -90,8 +176,8 @@ impl OperatorIdentity {
     /// True for the operator's own pod, and for any pod in the operator's namespace labelled
     /// `app.kubernetes.io/name=maintenance-operator`: with leader election the other replicas are
     /// operator pods too, and evicting a standby would only take away the failover.
-    pub fn is_operator_pod(&self, pod: &Pod) -> bool {
-        let meta = &pod.metadata;
+    pub fn is_operator_pod(&self, pod: &impl DrainPod) -> bool {
+        let meta = pod.meta();
         if meta.namespace.as_deref() != Some(self.namespace.as_str()) {
             return false;
         }
@@ -115,8 +201,8 @@ pub struct PodRef {
 }
 
 impl PodRef {
-    pub fn from_pod(pod: &Pod) -> Self {
-        let meta = &pod.metadata;
+    pub fn from_pod(pod: &impl DrainPod) -> Self {
+        let meta = pod.meta();
         Self {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
@@ -303,19 +389,11 @@ impl DrainRules {
     /// Whether any container or init container requests (in `requests` or `limits`) a resource
     /// whose name one of the filters matches. As in the NVIDIA operator, a regex matches
     /// anywhere in the name unless anchored with `^`/`$`.
-    fn passes_eviction_filters(&self, pod: &Pod) -> bool {
+    fn passes_eviction_filters(&self, pod: &impl DrainPod) -> bool {
         let Some(filters) = &self.resource_filters else {
             return true;
         };
-        let matches = |name: &String| filters.iter().any(|re| re.is_match(name));
-        containers(pod).any(|c| {
-            c.resources.as_ref().is_some_and(|r| {
-                let names = |m: &Option<BTreeMap<String, _>>| {
-                    m.as_ref().is_some_and(|m| m.keys().any(matches))
-                };
-                names(&r.requests) || names(&r.limits)
-            })
-        })
+        pod.requests_resource(&|name| filters.iter().any(|re| re.is_match(name)))
     }
 }
 
@@ -327,29 +405,18 @@ fn parse_selector(
         .map_err(|source| DrainPlanError::InvalidPodSelector { field, source })
 }
 
-fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
-    pod.spec.iter().flat_map(|s| {
-        s.containers
-            .iter()
-            .chain(s.init_containers.iter().flatten())
-    })
-}
-
-fn is_terminating(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_some()
+fn is_terminating(pod: &impl DrainPod) -> bool {
+    pod.meta().deletion_timestamp.is_some()
 }
 
 /// A pod in phase Succeeded or Failed: it holds no work, and the API server lets it go whatever
 /// its PodDisruptionBudgets say.
-pub fn is_finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
+pub fn is_finished(pod: &impl DrainPod) -> bool {
+    matches!(pod.phase(), Some("Succeeded" | "Failed"))
 }
 
-fn is_mirror(pod: &Pod) -> bool {
-    pod.metadata
+fn is_mirror(pod: &impl DrainPod) -> bool {
+    pod.meta()
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION))
@@ -357,31 +424,24 @@ fn is_mirror(pod: &Pod) -> bool {
 
 /// The owner reference of the pod's controller (the one marked `controller: true`), the object
 /// that would recreate the pod after an eviction.
-pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
-    pod.metadata
+pub fn controller_ref(pod: &impl DrainPod) -> Option<&OwnerReference> {
+    pod.meta()
         .owner_references
         .iter()
         .flatten()
         .find(|o| o.controller == Some(true))
 }
 
-fn controller_kind(pod: &Pod) -> Option<&str> {
+fn controller_kind(pod: &impl DrainPod) -> Option<&str> {
     controller_ref(pod).map(|o| o.kind.as_str())
-}
-
-fn has_empty_dir(pod: &Pod) -> bool {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .any(|v| v.empty_dir.is_some())
 }
 
 /// The flags evicting `pod` depends on, whatever the spec sets: `force` for a pod without a
 /// controller, `deleteEmptyDir` for a pod with an emptyDir volume. With the flags set the pod is
 /// evicted all the same, at that price (gone for good, data lost), which is what a check before
 /// a drain warns about.
-pub fn required_flags(pod: &Pod) -> Option<BlockReason> {
-    BlockReason::from_needs(controller_ref(pod).is_none(), has_empty_dir(pod))
+pub fn required_flags(pod: &impl DrainPod) -> Option<BlockReason> {
+    BlockReason::from_needs(controller_ref(pod).is_none(), pod.has_empty_dir())
 }
 
 /// Whether `pdb` guards a pod of this namespace with these labels, as the Eviction API decides
@@ -403,12 +463,12 @@ pub fn pdb_selects(
 /// The budgets among `pdbs` that guard `pod`, in the order given. More than one makes the
 /// Eviction API refuse the pod (500) until only one is left.
 pub fn covering_pdbs<'a>(
-    pod: &Pod,
+    pod: &impl DrainPod,
     pdbs: &'a [PodDisruptionBudget],
 ) -> Vec<&'a PodDisruptionBudget> {
     let no_labels = BTreeMap::new();
-    let labels = pod.metadata.labels.as_ref().unwrap_or(&no_labels);
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let labels = pod.meta().labels.as_ref().unwrap_or(&no_labels);
+    let namespace = pod.meta().namespace.as_deref().unwrap_or_default();
     pdbs.iter()
         .filter(|pdb| pdb_selects(pdb, namespace, labels))
         .collect()
@@ -416,7 +476,7 @@ pub fn covering_pdbs<'a>(
 
 /// Decides what the drain does with `pod`. The first matching rule wins, in this order: terminating,
 /// operator pod, mirror, DaemonSet, podSelector, podEvictionFilters, finished, force, deleteEmptyDir.
-pub fn classify(rules: &DrainRules, pod: &Pod) -> PodDisposition {
+pub fn classify(rules: &DrainRules, pod: &impl DrainPod) -> PodDisposition {
     if is_terminating(pod) {
         return PodDisposition::Skip(SkipReason::Terminating);
     }
@@ -434,7 +494,7 @@ pub fn classify(rules: &DrainRules, pod: &Pod) -> PodDisposition {
     if controller == Some("DaemonSet") {
         return PodDisposition::Skip(SkipReason::DaemonSet);
     }
-    if !rules.pod_selector.matches(pod.metadata.labels.as_ref()) {
+    if !rules.pod_selector.matches(pod.meta().labels.as_ref()) {
         return PodDisposition::Skip(SkipReason::NotSelected);
     }
     if !rules.passes_eviction_filters(pod) {
@@ -444,7 +504,7 @@ pub fn classify(rules: &DrainRules, pod: &Pod) -> PodDisposition {
         return PodDisposition::Evict;
     }
     let needs_force = controller.is_none() && !rules.force;
-    let needs_empty_dir = !rules.delete_empty_dir && has_empty_dir(pod);
+    let needs_empty_dir = !rules.delete_empty_dir && pod.has_empty_dir();
     match BlockReason::from_needs(needs_force, needs_empty_dir) {
         None => PodDisposition::Evict,
         Some(reason) => PodDisposition::Blocked(reason),
@@ -462,14 +522,14 @@ pub struct DrainPlan {
     pub skipped: Vec<(PodRef, SkipReason)>,
 }
 
-/// Over pods or shared pods (`Arc<Pod>` from a watch cache, not copied for each step).
-pub fn plan<P: Borrow<Pod>>(rules: &DrainRules, pods: &[P]) -> DrainPlan {
+/// Over pods, shared pods or cached pods (`Arc<CachedPod>` from a node actor's watch cache, not
+/// copied for each step).
+pub fn plan<P: DrainPod>(rules: &DrainRules, pods: &[P]) -> DrainPlan {
     let mut out = DrainPlan {
         total_pods: pods.len(),
         ..DrainPlan::default()
     };
     for pod in pods {
-        let pod = pod.borrow();
         let pod_ref = PodRef::from_pod(pod);
         match classify(rules, pod) {
             PodDisposition::Evict => out.to_evict.push(pod_ref),
@@ -519,12 +579,11 @@ impl CompletionRules {
 /// DaemonSet and mirror pods are never waited for: they run for the life of the node, so waiting
 /// would always end in the timeout (or forever with `timeoutSeconds: 0`), and the drain leaves them
 /// in place anyway.
-pub fn pods_to_wait_for<P: Borrow<Pod>>(rules: &CompletionRules, pods: &[P]) -> Vec<PodRef> {
+pub fn pods_to_wait_for<P: DrainPod>(rules: &CompletionRules, pods: &[P]) -> Vec<PodRef> {
     let mut out: Vec<PodRef> = pods
         .iter()
-        .map(Borrow::borrow)
         .filter(|pod| {
-            rules.pod_selector.matches(pod.metadata.labels.as_ref())
+            rules.pod_selector.matches(pod.meta().labels.as_ref())
                 && !is_finished(pod)
                 && !is_terminating(pod)
                 && !is_mirror(pod)
@@ -539,7 +598,9 @@ pub fn pods_to_wait_for<P: Borrow<Pod>>(rules: &CompletionRules, pods: &[P]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, ResourceRequirements, Volume};
+    use k8s_openapi::api::core::v1::{
+        Container, EmptyDirVolumeSource, ResourceRequirements, Volume,
+    };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use maintenance_crds::PodEvictionFilterEntry;
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, ADMITTED_UID_ANNOTATION, BlockedPod, CORDON_REQUESTED_ANNOTATION,
@@ -26,8 +26,11 @@ use maintenance_crds::{
 };
 
 use crate::conditions;
-use crate::drain_plan::{self, CompletionRules, DrainRules, OperatorIdentity, PodRef, SkipReason};
+use crate::drain_plan::{
+    self, CompletionRules, DrainPod, DrainRules, OperatorIdentity, PodRef, SkipReason,
+};
 use crate::eviction::{DeleteOutcome, EvictionOutcome};
+use crate::pod_view::CachedPod;
 
 /// Drain progress is written at most this often, so a thousand evictions are not a thousand
 /// writes: at 1 s a drain wrote about one status per evicted pod. NVIDIA's controller writes it
@@ -88,8 +91,9 @@ impl NodeView {
 pub struct Observed<'a> {
     pub node: NodeView,
     /// The pods bound to the node; `None` until the pod watch has listed them once.
-    /// Shared with the node's pod cache: a step copies no pod.
-    pub pods: Option<&'a [Arc<Pod>]>,
+    /// Shared with the node's pod cache, as cached (only what the drain reads): a step copies
+    /// no pod.
+    pub pods: Option<&'a [Arc<CachedPod>]>,
     /// The last known state of PDBs named in the ledger, `namespace/name` -> a summary such as
     /// `currentHealthy 9, desiredHealthy 9, disruptionsAllowed 0, expectedPods 10`.
     pub pdb_summaries: &'a BTreeMap<String, String>,
@@ -1395,8 +1399,8 @@ fn on_wait_for_completion(
     step
 }
 
-fn creation_time(pod: &Pod) -> Option<Timestamp> {
-    pod.metadata.creation_timestamp.as_ref().map(|t| t.0)
+fn creation_time(pod: &impl DrainPod) -> Option<Timestamp> {
+    pod.meta().creation_timestamp.as_ref().map(|t| t.0)
 }
 
 /// Draining. Pods that arrive on the node after the drain began (created later than the phase
@@ -1433,7 +1437,7 @@ fn on_draining(
         .collect();
 
     // Pods we evicted that still exist with the same UID are still terminating: wait for them.
-    let live: BTreeMap<String, &Pod> = pods
+    let live: BTreeMap<String, &CachedPod> = pods
         .iter()
         .map(|p| (PodRef::from_pod(p).key(), &**p))
         .collect();

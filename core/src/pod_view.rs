@@ -4,26 +4,32 @@
 //! A pod as the API server sends it takes about 20 KiB once decoded (a `Container` alone is
 //! 2.3 KiB before its strings: image, command, env, probes, mounts), and a node actor caches
 //! every pod of its node for as long as the node is under maintenance: 500 nodes of 20 pods held
-//! 200 MiB. The drain reads a few fields of each ([`crate::drain_plan`]): `trim_for_drain`, the
-//! tests' reference, says which. Even trimmed, a `Pod` is 2.5 KiB of mostly empty fields, so the
-//! cache holds a [`CachedPod`] instead, decoded straight from the API server's JSON (what it does
-//! not name is skipped while parsing, never allocated), and the drain's functions get the trimmed
-//! `Pod` back from it ([`CachedPod::to_pod`]) for the moment they run.
+//! 200 MiB. The drain reads a few fields of each ([`crate::drain_plan`]), and even a `Pod` with
+//! only those set is 2.5 KiB of empty fields. So the cache holds a [`CachedPod`], decoded
+//! straight from the API server's JSON (what it does not name is skipped while parsing, never
+//! allocated), and the drain's functions read it as it is, through
+//! [`crate::drain_plan::DrainPod`].
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use crate::drain_plan::MIRROR_POD_ANNOTATION;
+use crate::drain_plan::{DrainPod, MIRROR_POD_ANNOTATION, ResourceMap, names_a_resource};
 
-/// A pod in a node actor's cache: the fields `trim_for_drain` keeps, and no room for the others.
-/// It reads as a `v1` Pod (the watch decodes it from the pods' API), and
-/// `CachedPod::to_pod` gives back exactly `trim_for_drain` of the pod it came from.
+/// A pod in a node actor's cache, with room for what the drain reads and nothing else:
+/// - metadata: identity (name, namespace, UID, resourceVersion, creation and deletion times),
+///   labels (podSelector, budgets, the operator's own pods), owner references (controller,
+///   DaemonSet), finalizers, and of the annotations only the mirror-pod mark;
+/// - spec: the node, the name and resources of each container that has any
+///   (`podEvictionFilters`), the emptyDir volumes by name (`deleteEmptyDir`), the termination
+///   grace period;
+/// - status: the phase (finished pods, `waitForPodCompletion`).
+///
+/// It reads as a `v1` Pod (the watch decodes it from the pods' API), and every decision of
+/// [`crate::drain_plan`] is the same on it as on the whole pod it came from (tested for every
+/// kind of pod the drain tells apart).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 pub struct CachedPod {
     #[serde(default)]
@@ -59,9 +65,9 @@ struct CachedContainer {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 struct CachedResources {
     #[serde(default)]
-    requests: Option<BTreeMap<String, Quantity>>,
+    requests: ResourceMap,
     #[serde(default)]
-    limits: Option<BTreeMap<String, Quantity>>,
+    limits: ResourceMap,
 }
 
 /// A volume by name; `empty_dir` says whether it is one (its settings are skipped).
@@ -130,60 +136,55 @@ impl CachedPod {
         }
     }
 
-    /// The pod the drain's functions read: `trim_for_drain` of the pod this was decoded from.
-    pub fn to_pod(&self) -> Pod {
-        Pod {
-            metadata: self.metadata.clone(),
-            spec: self.spec.as_ref().map(|spec| PodSpec {
-                node_name: spec.node_name.clone(),
-                containers: spec
-                    .containers
+    /// `pod` as the node actor's watch caches it: encoded as the API server sends it, decoded
+    /// as a `CachedPod`, trimmed.
+    #[cfg(test)]
+    pub(crate) fn cached(pod: &Pod) -> CachedPod {
+        let json = serde_json::to_vec(pod).expect("a pod encodes");
+        let mut cached: CachedPod = serde_json::from_slice(&json).expect("a pod decodes as cached");
+        cached.trim();
+        cached
+    }
+}
+
+impl DrainPod for CachedPod {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.phase.as_deref())
+    }
+
+    fn has_empty_dir(&self) -> bool {
+        self.spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .any(|v| v.empty_dir.is_some())
+    }
+
+    fn requests_resource(&self, matches: &dyn Fn(&str) -> bool) -> bool {
+        let resources = self
+            .spec
+            .iter()
+            .flat_map(|s| {
+                s.containers
                     .iter()
-                    .map(CachedContainer::to_container)
-                    .collect(),
-                init_containers: spec
-                    .init_containers
-                    .as_ref()
-                    .map(|c| c.iter().map(CachedContainer::to_container).collect()),
-                volumes: spec.volumes.as_ref().map(|volumes| {
-                    volumes
-                        .iter()
-                        .map(|v| Volume {
-                            name: v.name.clone(),
-                            empty_dir: Some(EmptyDirVolumeSource::default()),
-                            ..Volume::default()
-                        })
-                        .collect()
-                }),
-                termination_grace_period_seconds: spec.termination_grace_period_seconds,
-                ..PodSpec::default()
-            }),
-            status: self.status.as_ref().map(|status| PodStatus {
-                phase: status.phase.clone(),
-                ..PodStatus::default()
-            }),
-        }
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .filter_map(CachedContainer::resource_maps);
+        names_a_resource(resources, matches)
     }
 }
 
 impl CachedContainer {
-    fn has_resources(&self) -> bool {
-        self.resources.as_ref().is_some_and(|r| {
-            r.requests.as_ref().is_some_and(|m| !m.is_empty())
-                || r.limits.as_ref().is_some_and(|m| !m.is_empty())
-        })
+    fn resource_maps(&self) -> Option<[&ResourceMap; 2]> {
+        self.resources.as_ref().map(|r| [&r.requests, &r.limits])
     }
 
-    fn to_container(&self) -> Container {
-        Container {
-            name: self.name.clone(),
-            resources: self.resources.as_ref().map(|r| ResourceRequirements {
-                requests: r.requests.clone(),
-                limits: r.limits.clone(),
-                ..ResourceRequirements::default()
-            }),
-            ..Container::default()
-        }
+    /// Requests or limits any resource (the only containers `podEvictionFilters` can match).
+    fn has_resources(&self) -> bool {
+        names_a_resource(self.resource_maps().into_iter(), &|_| true)
     }
 }
 
@@ -221,86 +222,11 @@ fn trimmed_meta(meta: ObjectMeta) -> ObjectMeta {
     }
 }
 
-/// Keeps of `pod` what the drain reads, in place:
-/// - metadata: identity (name, namespace, UID, resourceVersion, creation and deletion times),
-///   labels (podSelector, budgets, the operator's own pods), owner references (controller,
-///   DaemonSet), finalizers, and of the annotations only the mirror-pod mark;
-/// - spec: the node, the name and resources of each container that has any
-///   (`podEvictionFilters`), the emptyDir volumes by name (`deleteEmptyDir`), the termination
-///   grace period;
-/// - status: the phase (finished pods, `waitForPodCompletion`).
-///
-/// Every decision of [`crate::drain_plan`] is the same on the trimmed pod as on the whole one.
-///
-/// The reference the tests hold [`CachedPod`] to (`cached(pod).to_pod() == trim_for_drain(pod)`):
-/// written over `Pod`, on its own, so that the two cannot share a mistake.
-#[cfg(test)]
-fn trim_for_drain(pod: &mut Pod) {
-    pod.metadata = trimmed_meta(std::mem::take(&mut pod.metadata));
-    pod.spec = pod.spec.take().map(|spec| PodSpec {
-        node_name: spec.node_name,
-        containers: containers_with_resources(spec.containers),
-        init_containers: spec.init_containers.map(containers_with_resources),
-        volumes: spec.volumes.map(|volumes| {
-            compact(
-                volumes
-                    .into_iter()
-                    .filter(|v| v.empty_dir.is_some())
-                    .map(empty_dir_view)
-                    .collect(),
-            )
-        }),
-        termination_grace_period_seconds: spec.termination_grace_period_seconds,
-        ..PodSpec::default()
-    });
-    pod.status = pod.status.take().map(|status| PodStatus {
-        phase: status.phase,
-        ..PodStatus::default()
-    });
-}
-
-/// The containers that request or limit a resource, with only that: `podEvictionFilters` match
-/// resource names, and nothing else of a container matters to the drain. A `Container` is 2.3 KiB
-/// before its strings.
-#[cfg(test)]
-fn containers_with_resources(containers: Vec<Container>) -> Vec<Container> {
-    let kept = containers
-        .into_iter()
-        .filter(|c| {
-            c.resources.as_ref().is_some_and(|r| {
-                r.requests.as_ref().is_some_and(|m| !m.is_empty())
-                    || r.limits.as_ref().is_some_and(|m| !m.is_empty())
-            })
-        })
-        .map(|c| Container {
-            name: c.name,
-            resources: c.resources.map(|r| ResourceRequirements {
-                requests: r.requests,
-                limits: r.limits,
-                ..ResourceRequirements::default()
-            }),
-            ..Container::default()
-        })
-        .collect();
-    compact(kept)
-}
-
 /// A filtered `Vec` collected in place keeps the capacity of the one it came from: the
 /// containers and volumes dropped above would still take their room.
 fn compact<T>(mut items: Vec<T>) -> Vec<T> {
     items.shrink_to_fit();
     items
-}
-
-/// An emptyDir's settings (medium, size limit) do not matter to the drain, only that it is one;
-/// other volumes do not matter at all (a `Volume` is 3 KiB: one field per kind of source).
-#[cfg(test)]
-fn empty_dir_view(volume: Volume) -> Volume {
-    Volume {
-        name: volume.name,
-        empty_dir: volume.empty_dir.map(|_| EmptyDirVolumeSource::default()),
-        ..Volume::default()
-    }
 }
 
 #[cfg(test)]
@@ -312,8 +238,10 @@ mod tests {
     };
     use crate::fixtures::*;
     use k8s_openapi::api::core::v1::{
-        ContainerStatus, EnvVar, PodCondition, Probe, SecretVolumeSource, VolumeMount,
+        Container, ContainerStatus, EmptyDirVolumeSource, EnvVar, PodCondition, Probe,
+        ResourceRequirements, SecretVolumeSource, Volume, VolumeMount,
     };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
     use maintenance_crds::{DrainSpec, PodEvictionFilterEntry, WaitForPodCompletionSpec};
 
@@ -479,19 +407,8 @@ mod tests {
         .collect()
     }
 
-    /// `p` as the node actor's watch caches it: encoded as the API server sends it, decoded as a
-    /// [`CachedPod`], trimmed.
     fn cached(p: &Pod) -> CachedPod {
-        let json = serde_json::to_vec(p).expect("a pod encodes");
-        let mut cached: CachedPod = serde_json::from_slice(&json).expect("a pod decodes as cached");
-        cached.trim();
-        cached
-    }
-
-    fn trimmed(p: &Pod) -> Pod {
-        let mut p = p.clone();
-        trim_for_drain(&mut p);
-        p
+        CachedPod::cached(p)
     }
 
     /// Specs that exercise every rule that reads the pod: flags, selectors, resource filters.
@@ -517,21 +434,23 @@ mod tests {
         ]
     }
 
+    /// The drain reads the cache as it is: for every kind of pod and every rule that reads a pod,
+    /// it decides on the cached pod what it decides on the whole one.
     #[test]
-    fn every_drain_decision_is_the_same_on_the_trimmed_pod() {
+    fn every_drain_decision_is_the_same_on_the_cached_pod() {
         let identity = Some(OperatorIdentity::new("maintenance", None));
         let pods = every_kind();
-        let small: Vec<Pod> = pods.iter().map(trimmed).collect();
+        let small: Vec<CachedPod> = pods.iter().map(cached).collect();
         for spec in drain_specs() {
             let rules = DrainRules::new(&spec, identity.clone()).expect("valid spec");
-            for (whole, trimmed) in pods.iter().zip(&small) {
+            for (whole, cached) in pods.iter().zip(&small) {
                 assert_eq!(
                     classify(&rules, whole),
-                    classify(&rules, trimmed),
+                    classify(&rules, cached),
                     "{:?} under {spec:?}",
                     whole.metadata.name
                 );
-                assert_eq!(required_flags(whole), required_flags(trimmed));
+                assert_eq!(required_flags(whole), required_flags(cached));
             }
             assert_eq!(plan(&rules, &pods), plan(&rules, &small));
         }
@@ -540,20 +459,17 @@ mod tests {
             pods_to_wait_for(&waits, &pods),
             pods_to_wait_for(&waits, &small)
         );
+        // The rules above tell these kinds apart: the comparison is not between two blanks.
+        let rules = DrainRules::new(&DrainSpec::default(), identity).expect("valid spec");
+        let decided = plan(&rules, &small);
+        assert!(!decided.to_evict.is_empty() && !decided.blocked.is_empty());
+        assert_eq!(decided.skipped.len(), 4, "{decided:?}");
     }
 
     #[test]
     fn what_the_drain_does_not_read_is_dropped() {
         let whole = as_the_api_server_sends_it(with_empty_dir(with_gpu(pod("ns", "web"))));
-        let small = trimmed(&whole);
-        let size = |p: &Pod| serde_json::to_vec(p).map(|v| v.len()).unwrap_or_default();
-        // Env, probes, images, statuses: more than two thirds of this pod.
-        assert!(
-            size(&small) * 3 < size(&whole),
-            "trimmed {} bytes of {}",
-            size(&small),
-            size(&whole)
-        );
+        let small = cached(&whole);
         let spec = small.spec.as_ref().expect("spec kept");
         assert_eq!(spec.containers.len(), 1, "the sidecar has no resources");
         let volumes: Vec<&str> = spec
@@ -569,13 +485,11 @@ mod tests {
         assert_eq!(kept_volumes.capacity(), kept_volumes.len());
         let container = &spec.containers[0];
         assert_eq!(container.name, "main");
-        assert!(container.resources.is_some());
-        assert!(container.image.is_none() && container.env.is_none());
-        assert!(container.liveness_probe.is_none() && container.volume_mounts.is_none());
-        let status = small.status.as_ref().expect("status kept");
-        assert_eq!(status.phase.as_deref(), Some("Running"));
-        assert!(status.conditions.is_none() && status.container_statuses.is_none());
+        assert!(container.has_resources());
+        assert_eq!(small.phase(), Some("Running"));
         assert_eq!(small.metadata.annotations, None);
+        assert_eq!(small.metadata.managed_fields, None);
+        assert_eq!(small.metadata.generate_name, None);
         assert_eq!(small.metadata.uid, whole.metadata.uid);
         assert_eq!(
             small.metadata.owner_references,
@@ -586,7 +500,7 @@ mod tests {
 
     #[test]
     fn the_mirror_pod_mark_is_the_annotation_kept() {
-        let small = trimmed(&as_the_api_server_sends_it(mirror(bare(
+        let small = cached(&as_the_api_server_sends_it(mirror(bare(
             "kube-system",
             "etcd",
         ))));
@@ -595,21 +509,15 @@ mod tests {
         assert!(annotations.contains_key(MIRROR_POD_ANNOTATION));
     }
 
+    /// A pod with no spec or status (a tombstone's shape) decodes, and reads as a pod with
+    /// nothing in it.
     #[test]
-    fn the_cache_gives_back_the_trimmed_pod() {
-        for whole in every_kind() {
-            assert_eq!(
-                cached(&whole).to_pod(),
-                trimmed(&whole),
-                "{:?}",
-                whole.metadata.name
-            );
-        }
-        // The drain's decisions therefore hold on what the cache gives back (see above); and a
-        // pod with no spec or status (a tombstone's shape) decodes too.
+    fn a_pod_without_spec_or_status_decodes() {
         let empty: CachedPod =
             serde_json::from_str(r#"{"metadata":{"name":"p"}}"#).expect("decodes");
-        assert_eq!(empty.to_pod().metadata.name.as_deref(), Some("p"));
+        assert_eq!(empty.metadata.name.as_deref(), Some("p"));
+        assert_eq!(empty.phase(), None);
+        assert!(!empty.has_empty_dir() && !empty.requests_resource(&|_| true));
     }
 
     /// Room in the cache: the cached pod holds none of the 2.5 KiB of empty fields a trimmed

@@ -133,7 +133,12 @@ fn run_with(
 ) -> Step {
     let summaries = BTreeMap::new();
     let operator = OperatorIdentity::new("maintenance-operator", None);
-    let pods: Option<Vec<Arc<Pod>>> = pods.map(|pods| pods.iter().cloned().map(Arc::new).collect());
+    // As the node actor's watch caches them.
+    let pods: Option<Vec<Arc<CachedPod>>> = pods.map(|pods| {
+        pods.iter()
+            .map(|p| Arc::new(CachedPod::cached(p)))
+            .collect()
+    });
     let observed = Observed {
         node,
         pods: pods.as_deref(),
