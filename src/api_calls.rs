@@ -51,10 +51,10 @@ impl ObserveLayer {
 }
 
 impl<S> Layer<S> for ObserveLayer {
-    type Service = Observed<S>;
+    type Service = CountedCalls<S>;
 
-    fn layer(&self, inner: S) -> Observed<S> {
-        Observed {
+    fn layer(&self, inner: S) -> CountedCalls<S> {
+        CountedCalls {
             inner,
             in_flight: self.in_flight.clone(),
             throttled_seconds: self.throttled_seconds.clone(),
@@ -63,7 +63,7 @@ impl<S> Layer<S> for ObserveLayer {
     }
 }
 
-struct Observed<S> {
+struct CountedCalls<S> {
     inner: S,
     in_flight: IntGauge,
     throttled_seconds: Counter,
@@ -87,7 +87,7 @@ impl Drop for InFlightCall {
     }
 }
 
-impl<S, Request> Service<Request> for Observed<S>
+impl<S, Request> Service<Request> for CountedCalls<S>
 where
     S: Service<Request>,
     S::Future: Send + 'static,
