@@ -466,8 +466,7 @@ mod waiting_size {
 
     fn evictor() -> Evictor {
         // Never contacted: the futures below are measured, not run.
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a valid URL"));
-        let client = kube::Client::try_from(config).expect("a client for a plain-HTTP URL");
+        let client = crate::testing::offline_client();
         let (pdbs, _writer) = kube::runtime::reflector::store();
         Evictor::new(
             client,

@@ -12,3 +12,5 @@ pub mod node_actor;
 pub mod pdb_watch;
 pub mod supervisor;
 pub mod task;
+#[cfg(test)]
+mod testing;

@@ -134,6 +134,27 @@ struct PodWatch {
 }
 
 impl NodeState {
+    /// A fresh actor's state; counted in the node-actor gauge until it is dropped.
+    fn new(args: NodeArgs) -> Self {
+        args.ctx.metrics.node_actors.inc();
+        NodeState {
+            ctx: args.ctx,
+            request: args.request,
+            nodes: args.nodes,
+            end: args.end,
+            gone: false,
+            pods: None,
+            ledger: Ledger::default(),
+            next_step_at: None,
+            consecutive_errors: 0,
+            reported_pdbs: BTreeMap::new(),
+            pdb_watches: HashMap::new(),
+            progress_reported: false,
+            calls: HashMap::new(),
+            next_call: 0,
+        }
+    }
+
     fn key(&self) -> String {
         self.request.key()
     }
@@ -184,24 +205,9 @@ impl Actor for NodeActor {
         myself: ActorRef<NodeMsg>,
         args: NodeArgs,
     ) -> Result<NodeState, ActorProcessingErr> {
-        args.ctx.metrics.node_actors.inc();
+        let state = NodeState::new(args);
         let _ = myself.cast(NodeMsg::Step);
-        Ok(NodeState {
-            ctx: args.ctx,
-            request: args.request,
-            nodes: args.nodes,
-            end: args.end,
-            gone: false,
-            pods: None,
-            ledger: Ledger::default(),
-            next_step_at: None,
-            consecutive_errors: 0,
-            reported_pdbs: BTreeMap::new(),
-            pdb_watches: HashMap::new(),
-            progress_reported: false,
-            calls: HashMap::new(),
-            next_call: 0,
-        })
+        Ok(state)
     }
 
     async fn handle(
@@ -904,8 +910,7 @@ mod tests {
 
     /// A context whose client is never contacted.
     fn context() -> Arc<Context> {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a valid URL"));
-        let client = kube::Client::try_from(config).expect("a client for a plain-HTTP URL");
+        let client = crate::testing::offline_client();
         let metrics = Arc::new(Metrics::new().expect("fresh metrics register"));
         let pdbs = PdbWatches::new(client.clone());
         let evictor = Evictor::new(
@@ -938,22 +943,12 @@ mod tests {
             },
         );
         let (nodes, _writer) = reflector::store();
-        NodeState {
+        NodeState::new(NodeArgs {
             ctx,
             request: Arc::new(request),
             nodes,
             end: Arc::new(OnceLock::new()),
-            gone: false,
-            pods: None,
-            ledger: Ledger::default(),
-            next_step_at: None,
-            consecutive_errors: 0,
-            reported_pdbs: BTreeMap::new(),
-            pdb_watches: HashMap::new(),
-            progress_reported: false,
-            calls: HashMap::new(),
-            next_call: 0,
-        }
+        })
     }
 
     /// ractor runs no `post_stop` after a panic, so the series an actor exported (the actor
@@ -964,7 +959,7 @@ mod tests {
         let ctx = context();
         let metrics = ctx.metrics.clone();
         let mut state = state(ctx);
-        metrics.node_actors.inc();
+        assert_eq!(metrics.node_actors.get(), 1);
         report_metrics(&mut state, Some(jiff::Timestamp::now()));
         metrics.add_pods_blocked_by_pdb("team", "db", 2);
         state

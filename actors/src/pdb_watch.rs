@@ -288,12 +288,8 @@ impl PdbWatches {
 mod tests {
     use super::*;
 
-    /// A client whose every request fails at once (nothing listens on port 9 of localhost): the
-    /// watch task just retries with backoff, which is all these tests need.
-    fn unreachable_client() -> kube::Client {
-        let url = "http://127.0.0.1:9".parse().expect("a valid URL");
-        kube::Client::try_from(kube::Config::new(url)).expect("a client needs no connection")
-    }
+    // The watch task just retries with backoff against it, which is all these tests need.
+    use crate::testing::offline_client as unreachable_client;
 
     #[tokio::test]
     async fn an_entry_ends_with_its_last_subscriber() {
