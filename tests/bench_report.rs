@@ -14,7 +14,9 @@
 //!   cluster;
 //! - the operator's peak RSS (VmHWM) at two cluster sizes, with a tenth of the nodes in
 //!   maintenance and with a fixed number (`MO_BENCH_RSS_FIXED_DRAINS`, by default the smallest
-//!   size's tenth).
+//!   size's tenth); `MO_BENCH_RSS_OPERATORS` (`label=command;...`, e.g.
+//!   `glibc=target/release/maintenance-operator;musl=target/x86_64-unknown-linux-musl/release/maintenance-operator`)
+//!   compares builds on one cluster at the fixed number of drains (one size is then enough).
 //!
 //! Each workload runs on a fresh control plane, the operator as ServiceAccount `bench-operator`,
 //! whose reads and writes the testbed's audit policy logs. Nothing is timed by a fixed sleep:
@@ -86,6 +88,8 @@ struct Size {
     rss_nodes: Vec<usize>,
     rss_pods_per_node: usize,
     rss_fixed_drains: usize,
+    /// Operator builds to compare (`MO_BENCH_RSS_OPERATORS`); empty: this build alone.
+    rss_operators: Vec<RssOperator>,
     /// Every node maintained: a cluster of this many nodes with about this many pods per node
     /// (Deployments and StatefulSets of `fleet_replicas` pods under PDBs, a DaemonSet), all of
     /// them maintained `fleet_parallel` at a time (maxParallelOperations; maxUnavailable the
@@ -111,6 +115,10 @@ fn tenth(nodes: usize) -> usize {
 /// The drains of the RSS runs at a cluster of `nodes`: a tenth of them, and the fixed number
 /// (one run when they are the same).
 fn rss_drains(size: &Size, nodes: usize) -> Vec<usize> {
+    // Builds compared side by side: at one load, the fixed number.
+    if !size.rss_operators.is_empty() && size.rss_fixed_drains > 0 {
+        return vec![size.rss_fixed_drains.min(nodes)];
+    }
     let mut drains = vec![tenth(nodes), size.rss_fixed_drains.min(nodes)];
     drains.sort_unstable();
     drains.dedup();
@@ -140,6 +148,56 @@ fn env_list(name: &str) -> Result<Option<Vec<usize>>> {
     }
 }
 
+/// An operator build the RSS runs compare: a label for the report and the command that runs it,
+/// up to (not including) `run`, e.g. `musl=target/x86_64-unknown-linux-musl/release/maintenance-operator`
+/// or `arena2=env MALLOC_ARENA_MAX=2 target/release/maintenance-operator`.
+#[derive(Clone, Debug, Serialize)]
+struct RssOperator {
+    label: String,
+    command: Vec<String>,
+}
+
+impl RssOperator {
+    /// `MO_BENCH_RSS_OPERATORS`: `label=command` entries separated by `;`.
+    fn list_from_env() -> Result<Vec<RssOperator>> {
+        let Ok(v) = std::env::var("MO_BENCH_RSS_OPERATORS") else {
+            return Ok(vec![]);
+        };
+        let mut operators = Vec::new();
+        for entry in v.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let (label, command) = entry.split_once('=').with_context(|| {
+                format!("MO_BENCH_RSS_OPERATORS entry {entry:?} is not label=command")
+            })?;
+            let command: Vec<String> = command.split_whitespace().map(String::from).collect();
+            ensure!(
+                !label.trim().is_empty() && !command.is_empty(),
+                "MO_BENCH_RSS_OPERATORS entry {entry:?} wants a label and a command"
+            );
+            // A path that is not there fails now, not after the cluster has grown.
+            let binary = command.iter().find(|word| word.contains('/'));
+            if let Some(binary) = binary {
+                ensure!(
+                    Path::new(binary).is_file(),
+                    "MO_BENCH_RSS_OPERATORS: {binary} (of {label:?}) is not a file"
+                );
+            }
+            operators.push(RssOperator {
+                label: label.trim().to_string(),
+                command,
+            });
+        }
+        Ok(operators)
+    }
+
+    fn launcher(&self) -> Vec<std::ffi::OsString> {
+        self.command
+            .iter()
+            .map(Into::into)
+            .chain(std::iter::once("run".into()))
+            .collect()
+    }
+}
+
 impl Size {
     fn from_env() -> Result<Size> {
         let name = std::env::var("MO_BENCH_SIZE")
@@ -158,6 +216,7 @@ impl Size {
                 rss_nodes: vec![10, 30],
                 rss_pods_per_node: 2,
                 rss_fixed_drains: 0,
+                rss_operators: vec![],
                 fleet_nodes: 20,
                 fleet_pods_per_node: 2,
                 fleet_replicas: 10,
@@ -176,6 +235,7 @@ impl Size {
                 rss_nodes: vec![100, 300],
                 rss_pods_per_node: 5,
                 rss_fixed_drains: 0,
+                rss_operators: vec![],
                 fleet_nodes: 100,
                 fleet_pods_per_node: 5,
                 fleet_replicas: 25,
@@ -194,6 +254,7 @@ impl Size {
                 rss_nodes: vec![250, 1000],
                 rss_pods_per_node: 10,
                 rss_fixed_drains: 0,
+                rss_operators: vec![],
                 fleet_nodes: 1000,
                 fleet_pods_per_node: 20,
                 fleet_replicas: 50,
@@ -221,10 +282,14 @@ impl Size {
         if let Some(v) = env_list("MO_BENCH_DRAIN_PARALLEL")? {
             size.drain_parallel = v;
         }
+        size.rss_operators = RssOperator::list_from_env()?;
         if let Some(v) = env_list("MO_BENCH_RSS_NODES")? {
+            // Builds compared side by side need one size only.
+            let fewest = if size.rss_operators.is_empty() { 2 } else { 1 };
             ensure!(
-                v.len() >= 2 && v.windows(2).all(|w| w[0] < w[1]),
-                "MO_BENCH_RSS_NODES wants two or more growing sizes, e.g. 100,300"
+                v.len() >= fewest && v.windows(2).all(|w| w[0] < w[1]),
+                "MO_BENCH_RSS_NODES wants two or more growing sizes, e.g. 100,300 (one is \
+                 enough with MO_BENCH_RSS_OPERATORS)"
             );
             size.rss_nodes = v;
         }
@@ -779,6 +844,11 @@ struct FleetInvariants {
 
 #[derive(Clone, Debug, Default, Serialize)]
 struct RssPoint {
+    /// The build, when several are compared (`MO_BENCH_RSS_OPERATORS`).
+    operator: Option<String>,
+    /// Workload pods on the nodes drained, when the run started (the rebalancing between
+    /// compared builds keeps them alike).
+    pods_drained: usize,
     nodes: usize,
     pods: usize,
     requests: usize,
@@ -791,6 +861,13 @@ struct RssPoint {
     setup_seconds: f64,
     /// VmRSS (MiB) of each control-plane component at the end, by name (what limits the size).
     control_plane_rss_mib: BTreeMap<String, f64>,
+}
+
+/// The RSS runs of the first build listed (or of this build): the goal, the growth and the
+/// chart read these; the other builds show in the table next to them.
+fn first_build_rss(report: &Report) -> impl Iterator<Item = &RssPoint> {
+    let first = report.rss.first().and_then(|r| r.operator.clone());
+    report.rss.iter().filter(move |r| r.operator == first)
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -2115,43 +2192,154 @@ async fn rss(size: &Size, progress: &Progress, points: &mut Vec<RssPoint>) -> Re
         let setup_seconds = setup_started.elapsed().as_secs_f64();
         step.end(&format!("{} nodes, {pods} pods Ready", nodes.len()));
 
-        // A fresh operator per run, all its requests under maintenance at once.
+        // A fresh operator per run, all its requests under maintenance at once. Builds compared
+        // side by side run one after the other, each on a rebalanced cluster: the run before
+        // emptied its nodes onto the others.
+        let operators: Vec<Option<&RssOperator>> = if size.rss_operators.is_empty() {
+            vec![None]
+        } else {
+            size.rss_operators.iter().map(Some).collect()
+        };
         for requests in rss_drains(size, nodes.len()) {
-            install(&client, Some(limits(i32::try_from(requests)?, None))).await?;
-            let step = progress.begin(&format!(
-                "rss: operator on {} nodes, {requests} drains",
-                nodes.len()
-            ));
-            let op = Operator::start_as(&testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
-            let req_ns = unique_name("rss-req");
-            create_namespace(&client, &req_ns).await?;
-            let (_, seconds) = run_requests(
-                &client,
-                &req_ns,
-                &nodes[..requests],
-                true,
-                size.wait(requests * ppn * 4),
-                &step,
-            )
-            .await?;
-            let (hwm, now) = operator_rss(&op)?;
-            let cpu_seconds_per_request = operator_cpu_seconds(&op)? / requests.max(1) as f64;
-            drop(op);
-            step.end(&format!("peak RSS {hwm:.1} MiB (now {now:.1} MiB)"));
-            points.push(RssPoint {
-                nodes: nodes.len(),
-                pods,
-                requests,
-                rss_peak_mib: hwm,
-                rss_now_mib: now,
-                seconds,
-                cpu_seconds_per_request,
-                setup_seconds,
-                control_plane_rss_mib: control_plane_rss(&testbed),
-            });
+            for (i, operator) in operators.iter().enumerate() {
+                if i > 0 {
+                    let step = progress.begin(&format!("rss: rebalancing {pods} pods"));
+                    rebalance(&client, &ns, ppn, replicas, size.wait(pods), &step).await?;
+                    step.end("every pod replaced");
+                }
+                install(&client, Some(limits(i32::try_from(requests)?, None))).await?;
+                let label = operator.map_or(String::new(), |o| format!(" ({})", o.label));
+                let step = progress.begin(&format!(
+                    "rss: operator{label} on {} nodes, {requests} drains",
+                    nodes.len()
+                ));
+                let drained = &nodes[..requests];
+                let pods_drained = pods_on_nodes(&client, &ns, drained).await?;
+                let op = match operator {
+                    None => Operator::start_as(&testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?,
+                    Some(o) => {
+                        Operator::start_launched_as(
+                            &testbed,
+                            BENCH_OPERATOR_ACCOUNT,
+                            o.launcher(),
+                            &[],
+                        )
+                        .await?
+                    }
+                };
+                let req_ns = unique_name("rss-req");
+                create_namespace(&client, &req_ns).await?;
+                let (_, seconds) = run_requests(
+                    &client,
+                    &req_ns,
+                    drained,
+                    true,
+                    size.wait(requests * ppn * 4),
+                    &step,
+                )
+                .await?;
+                let (hwm, now) = operator_rss(&op)?;
+                let cpu_seconds_per_request = operator_cpu_seconds(&op)? / requests.max(1) as f64;
+                drop(op);
+                step.end(&format!(
+                    "peak RSS {hwm:.1} MiB (now {now:.1} MiB), {pods_drained} pods drained"
+                ));
+                points.push(RssPoint {
+                    operator: operator.map(|o| o.label.clone()),
+                    pods_drained,
+                    nodes: nodes.len(),
+                    pods,
+                    requests,
+                    rss_peak_mib: hwm,
+                    rss_now_mib: now,
+                    seconds,
+                    cpu_seconds_per_request,
+                    setup_seconds,
+                    control_plane_rss_mib: control_plane_rss(&testbed),
+                });
+            }
         }
     }
     Ok(())
+}
+
+/// Puts the `apps` Deployments of `ns` back as the cluster's growth left them: scaled to 0
+/// until no pod is left, then to `replicas` again, so that the scheduler spreads every pod over
+/// a cluster as empty as at the first run. (A rollout restart is not enough: the nodes an
+/// earlier run emptied draw more than their share of the new pods while the old ones still
+/// stand.)
+async fn rebalance(
+    client: &Client,
+    ns: &str,
+    apps: usize,
+    replicas: i32,
+    timeout: Duration,
+    step: &Step,
+) -> Result<()> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let names: Vec<String> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|d| d.metadata.name)
+        .collect();
+    let scale = |replicas: i32| {
+        let api = api.clone();
+        let names = names.clone();
+        async move {
+            let patch = serde_json::json!({ "spec": { "replicas": replicas } });
+            for name in &names {
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .with_context(|| format!("scaling Deployment {ns}/{name} to {replicas}"))?;
+            }
+            anyhow::Ok(())
+        }
+    };
+    scale(0).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait_until(&format!("no pod left in {ns}"), timeout, || async {
+        let left = pods.list_metadata(&ListParams::default().limit(1)).await?;
+        let count = left.items.len() + left.metadata.remaining_item_count.unwrap_or(0) as usize;
+        step.set(format!("{count} pods left"));
+        Ok(if left.items.is_empty() {
+            Check::Done(())
+        } else {
+            Check::Pending(format!("{count} pods left"))
+        })
+    })
+    .await?;
+    scale(replicas).await?;
+    wait_deployments(client, ns, apps, replicas, timeout, step).await
+}
+
+/// The pods of `ns` on `nodes` now.
+async fn pods_on_nodes(client: &Client, ns: &str, nodes: &[String]) -> Result<usize> {
+    let wanted: HashSet<&str> = nodes.iter().map(String::as_str).collect();
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut params = ListParams::default().limit(2000);
+    let mut count = 0;
+    loop {
+        let page = api
+            .list(&params)
+            .await
+            .with_context(|| format!("listing the pods of {ns}"))?;
+        count += page
+            .items
+            .iter()
+            .filter(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .is_some_and(|n| wanted.contains(n))
+            })
+            .count();
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(count),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2319,7 +2507,7 @@ fn goals(report: &Report) -> Vec<Goal> {
             150.0,
             true,
             " MiB",
-            max_of(report.rss.iter().map(|r| r.rss_peak_mib)),
+            max_of(first_build_rss(report).map(|r| r.rss_peak_mib)),
         ),
     ]
 }
@@ -2687,9 +2875,12 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
              (at least 2) and one a fixed number, so that what RSS follows (the nodes in \
              maintenance or the cluster) can be told apart. Growing the cluster (nodes Ready, \
              then every pod Ready) and the control plane's memory at the end show where the \
-             testbed stops.\n\n\
-             | Nodes | Pods | Drains | Peak RSS (MiB) | RSS at the end (MiB) | Time (s) | CPU per drain (ms) | Cluster growth (s) | kube-apiserver RSS (MiB) | etcd RSS (MiB) |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+             testbed stops. Builds compared side by side (`MO_BENCH_RSS_OPERATORS`) drain the \
+             same nodes at one load, one after the other, the Deployments scaled to 0 and back \
+             between two runs so that each finds the pods spread as the first did; the \
+             goal, the growth and the chart read the first build.\n\n\
+             | Build | Nodes | Pods | Drains | Pods drained | Peak RSS (MiB) | RSS at the end (MiB) | Time (s) | CPU per drain (ms) | Cluster growth (s) | kube-apiserver RSS (MiB) | etcd RSS (MiB) |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         let component = |r: &RssPoint, name: &str| {
             r.control_plane_rss_mib
@@ -2699,10 +2890,12 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
         for r in &report.rss {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {} |",
+                r.operator.as_deref().unwrap_or("this build"),
                 r.nodes,
                 r.pods,
                 r.requests,
+                r.pods_drained,
                 r.rss_peak_mib,
                 r.rss_now_mib,
                 r.seconds,
@@ -2714,7 +2907,7 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
         }
         let fixed = report.size.as_ref().map_or(0, |s| s.rss_fixed_drains);
         let growth = |keep: &dyn Fn(&RssPoint) -> bool| {
-            let series: Vec<&RssPoint> = report.rss.iter().filter(|r| keep(r)).collect();
+            let series: Vec<&RssPoint> = first_build_rss(report).filter(|r| keep(r)).collect();
             match (series.first().copied(), series.last().copied()) {
                 (Some(a), Some(b)) if b.nodes > a.nodes => Some((
                     a,
@@ -2936,9 +3129,7 @@ fn charts(report: &Report, dir: &Path) -> Result<Vec<(String, String)>> {
         let series = vec![
             Series {
                 name: "a tenth of the nodes in maintenance".into(),
-                points: report
-                    .rss
-                    .iter()
+                points: first_build_rss(report)
                     .filter(|r| r.requests == tenth(r.nodes))
                     .map(|r| (r.nodes as f64, r.rss_peak_mib))
                     .collect(),
@@ -2946,9 +3137,7 @@ fn charts(report: &Report, dir: &Path) -> Result<Vec<(String, String)>> {
             },
             Series {
                 name: format!("{fixed} nodes in maintenance"),
-                points: report
-                    .rss
-                    .iter()
+                points: first_build_rss(report)
                     .filter(|r| r.requests == fixed)
                     .map(|r| (r.nodes as f64, r.rss_peak_mib))
                     .collect(),
@@ -3096,7 +3285,7 @@ fn readme_table(report: &Report, dir_name: &str) -> String {
             cell(theirs)
         );
     }
-    if let Some(largest) = report.rss.iter().max_by_key(|r| (r.nodes, r.requests)) {
+    if let Some(largest) = first_build_rss(report).max_by_key(|r| (r.nodes, r.requests)) {
         let _ = writeln!(
             t,
             "| Operator peak RSS, {} nodes / {} pods, {} drains | {:.1} MiB | – |",
@@ -3331,6 +3520,7 @@ async fn run() -> Result<()> {
                     .iter()
                     .map(|&n| rss_drains(&size, n).len())
                     .sum::<usize>()
+                    * size.rss_operators.len().max(1)
                 && report.rss.iter().all(|r| r.rss_peak_mib > 0.0),
             "missing RSS figures"
         );

@@ -53,6 +53,18 @@ pub fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// A kubeconfig of `service_account` (created if missing, bound to `cluster-admin`) in
+/// [`OPERATOR_NAMESPACE`] of `testbed`.
+async fn account_kubeconfig(testbed: &Testbed, service_account: &str) -> Result<PathBuf> {
+    let client = testbed.client().await?;
+    create_cluster_admin_service_account(&client, OPERATOR_NAMESPACE, service_account).await?;
+    let kubeconfig = testbed
+        .dir()
+        .join(format!("operator-{service_account}.kubeconfig"));
+    service_account_kubeconfig(testbed, OPERATOR_NAMESPACE, service_account, &kubeconfig).await?;
+    Ok(kubeconfig)
+}
+
 impl Operator {
     /// Starts `maintenance-operator run` against `testbed`, with `extra` arguments, and waits
     /// until `/readyz` answers 200.
@@ -69,14 +81,19 @@ impl Operator {
         service_account: &str,
         extra: &[&str],
     ) -> Result<Operator> {
-        let client = testbed.client().await?;
-        create_cluster_admin_service_account(&client, OPERATOR_NAMESPACE, service_account).await?;
-        let kubeconfig = testbed
-            .dir()
-            .join(format!("operator-{service_account}.kubeconfig"));
-        service_account_kubeconfig(testbed, OPERATOR_NAMESPACE, service_account, &kubeconfig)
-            .await?;
+        let kubeconfig = account_kubeconfig(testbed, service_account).await?;
         Operator::start_with_kubeconfig(&kubeconfig, testbed.dir(), extra).await
+    }
+
+    /// [`Operator::start_as`] for another build: `launcher` as in [`Operator::start_launched`].
+    pub async fn start_launched_as(
+        testbed: &Testbed,
+        service_account: &str,
+        launcher: Vec<std::ffi::OsString>,
+        extra: &[&str],
+    ) -> Result<Operator> {
+        let kubeconfig = account_kubeconfig(testbed, service_account).await?;
+        Operator::start_launched(launcher, &kubeconfig, testbed.dir(), extra).await
     }
 
     pub async fn start_with_kubeconfig(
