@@ -30,6 +30,91 @@ pub fn bounded_client(
         .build())
 }
 
+/// A client for the node actors' pod watches whose requests share one HTTP/2 connection
+/// (`maintenance_actors::watch_connections`), with its own bound like [`bounded_client`]. `None`
+/// when the API server is reached through a proxy or over plain HTTP: its pod watches then go over
+/// the main client, a connection each, as HTTP/1.1 must.
+///
+/// HTTP/2 only, not negotiated: with a choice, hyper's pool cannot know that a connection being
+/// set up will carry several requests, and the watches of nodes entering maintenance together
+/// would each open their own. [`speaks_http2`] checks the API server once before it is used.
+pub fn pod_watch_client(
+    config: &kube::Config,
+    max_in_flight: usize,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<kube::Client>> {
+    use kube::client::ConfigExt;
+    if config.proxy_url.is_some() || config.cluster_url.scheme_str() != Some("https") {
+        return Ok(None);
+    }
+    let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+    tcp.enforce_http(false);
+    let mut tls = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config()?)
+        .https_only();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|err| anyhow::anyhow!("tls-server-name {name:?} of the kubeconfig: {err}"))?;
+        tls = tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let mut connector =
+        hyper_timeout::TimeoutConnector::new(tls.enable_http2().wrap_connector(tcp));
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let http: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            // A connection that died silently would stall every watch on it: a PING when no frame
+            // came for 30 s, the connection dropped (and the watches restarted) if no answer in
+            // 15 s, as client-go's HTTP/2 health check does.
+            .timer(hyper_util::rt::TokioTimer::new())
+            .http2_keep_alive_interval(HTTP2_PING_INTERVAL)
+            .http2_keep_alive_timeout(HTTP2_PING_TIMEOUT)
+            // What the API server may send ahead of what the watches have read, held in memory
+            // until they do: hyper's defaults (2 MiB a stream, 5 MiB a connection) are sized for
+            // downloads; a node's pods come in a few hundred KiB at most.
+            .http2_initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .http2_initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+            .build(connector);
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = tower::ServiceBuilder::new()
+        .layer(ObserveLayer::new(metrics, ApiClient::PodWatches))
+        .layer(tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(http);
+    Ok(Some(kube::Client::new(
+        service,
+        config.default_namespace.clone(),
+    )))
+}
+
+const HTTP2_PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const HTTP2_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+/// HTTP/2's own default window for a stream.
+const HTTP2_STREAM_WINDOW: u32 = 65_535;
+const HTTP2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+/// Whether the API server answers `client` (built by [`pod_watch_client`]) over HTTP/2, within
+/// `timeout`; the error says why not.
+pub async fn speaks_http2(
+    client: &kube::Client,
+    timeout: std::time::Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(timeout, client.apiserver_version()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
+    }
+}
+
 /// Wraps the bound: counts the calls it lets through and times the waits for a slot.
 #[derive(Clone)]
 struct ObserveLayer {

@@ -9,9 +9,10 @@ use maintenance_actors::evictor::{EvictionRate, Evictor};
 use maintenance_actors::metrics::{ApiClient, Metrics};
 use maintenance_actors::pdb_watch::PdbWatches;
 use maintenance_actors::supervisor::Supervisor;
+use maintenance_actors::watch_connections::WatchConnections;
 use ractor::Actor;
 
-use crate::api_calls::bounded_client;
+use crate::api_calls::{bounded_client, pod_watch_client, speaks_http2};
 use crate::http::{self, Probes};
 use crate::leader::LeaderElector;
 
@@ -117,6 +118,45 @@ fn init_tracing(format: LogFormat) -> Option<LogLevelSetter> {
     })
 }
 
+/// The pod watches' connections: HTTP/2, a connection per
+/// [`maintenance_actors::watch_connections::WATCHES_PER_CONNECTION`] watches, if the API server
+/// speaks it; else the main client's, a connection per watch.
+async fn pod_watches(
+    config: &kube::Config,
+    max_in_flight: usize,
+    metrics: &Arc<Metrics>,
+    main: &kube::Client,
+) -> anyhow::Result<WatchConnections> {
+    let Some(first) = pod_watch_client(config, max_in_flight, metrics)? else {
+        tracing::info!("pod watches over the main client (a proxy or plain HTTP: no HTTP/2)");
+        return Ok(WatchConnections::shared(main.clone()));
+    };
+    if let Err(why) = speaks_http2(&first, HTTP2_CHECK_TIMEOUT).await {
+        tracing::warn!(%why, "the API server did not answer over HTTP/2; pod watches go over HTTP/1.1, a connection each (about 40 KiB of memory per node in maintenance)");
+        return Ok(WatchConnections::shared(main.clone()));
+    }
+    let config = config.clone();
+    let metrics = metrics.clone();
+    let main = main.clone();
+    let first = std::sync::Mutex::new(Some(first));
+    Ok(WatchConnections::new(move || {
+        if let Some(client) = first.lock().ok().and_then(|mut f| f.take()) {
+            return client;
+        }
+        match pod_watch_client(&config, max_in_flight, &metrics) {
+            Ok(Some(client)) => client,
+            Ok(None) => main.clone(),
+            Err(err) => {
+                tracing::warn!(%err, "could not build another HTTP/2 client for pod watches; this one goes over the main client");
+                main.clone()
+            }
+        }
+    }))
+}
+
+/// How long the API server has to answer the pod watches' client at start.
+const HTTP2_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let set_log_level = init_tracing(args.log_format);
     let config = kube::Config::infer().await.map_err(|err| {
@@ -125,7 +165,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new()?);
     let max_in_flight = usize::try_from(args.max_concurrent_api_calls)?;
     let client = bounded_client(config.clone(), max_in_flight, &metrics, ApiClient::Main)?;
-    let mut eviction_config = config;
+    let mut eviction_config = config.clone();
     // A PDB's 429 must reach us at once, not be retried away inside the client.
     eviction_config.default_retry = false;
     let eviction_client = bounded_client(
@@ -154,6 +194,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.pod_name.clone(),
         Duration::from_secs(args.tick_seconds.max(1)),
     );
+    ctx.pod_watches = pod_watches(&config, max_in_flight, &metrics, &ctx.client).await?;
     ctx.set_log_level = set_log_level;
     ctx.missing_node_grace = Duration::from_secs(args.missing_node_grace_seconds);
     let ctx = Arc::new(ctx);

@@ -2158,9 +2158,8 @@ async fn rss(size: &Size, progress: &Progress, points: &mut Vec<RssPoint>) -> Re
         nodes.extend(create_nodes(&client, &format!("rss{round}"), more, &[]).await?);
         wait_nodes_ready(&client, &nodes, size.wait(want)).await?;
         let replicas = i32::try_from(nodes.len())?;
-        for i in 0..ppn {
-            let app = format!("r{i:03}");
-            if round == 0 {
+        if round == 0 {
+            for app in (0..ppn).map(rss_app) {
                 create_deployment(
                     &client,
                     &ns,
@@ -2170,13 +2169,9 @@ async fn rss(size: &Size, progress: &Progress, points: &mut Vec<RssPoint>) -> Re
                     &PodSpecOptions::on_nodes_labelled("type", "kwok"),
                 )
                 .await?;
-            } else {
-                let patch = serde_json::json!({ "spec": { "replicas": replicas } });
-                deployments
-                    .patch(&app, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .with_context(|| format!("scaling Deployment {app}"))?;
             }
+        } else {
+            scale_deployments(&deployments, ppn, replicas).await?;
         }
         let pods = nodes.len() * ppn;
         wait_deployments(&client, &ns, ppn, replicas, size.wait(pods), &step)
@@ -2276,28 +2271,8 @@ async fn rebalance(
     timeout: Duration,
     step: &Step,
 ) -> Result<()> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let names: Vec<String> = api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|d| d.metadata.name)
-        .collect();
-    let scale = |replicas: i32| {
-        let api = api.clone();
-        let names = names.clone();
-        async move {
-            let patch = serde_json::json!({ "spec": { "replicas": replicas } });
-            for name in &names {
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .with_context(|| format!("scaling Deployment {ns}/{name} to {replicas}"))?;
-            }
-            anyhow::Ok(())
-        }
-    };
-    scale(0).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    scale_deployments(&deployments, apps, 0).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_until(&format!("no pod left in {ns}"), timeout, || async {
         let left = pods.list_metadata(&ListParams::default().limit(1)).await?;
@@ -2310,8 +2285,29 @@ async fn rebalance(
         })
     })
     .await?;
-    scale(replicas).await?;
+    scale_deployments(&deployments, apps, replicas).await?;
     wait_deployments(client, ns, apps, replicas, timeout, step).await
+}
+
+/// The name of the RSS runs' `i`th Deployment (one pod of each per node).
+fn rss_app(i: usize) -> String {
+    format!("r{i:03}")
+}
+
+/// Sets `spec.replicas` of the RSS runs' first `apps` Deployments.
+async fn scale_deployments(
+    deployments: &Api<Deployment>,
+    apps: usize,
+    replicas: i32,
+) -> Result<()> {
+    let patch = serde_json::json!({ "spec": { "replicas": replicas } });
+    for app in (0..apps).map(rss_app) {
+        deployments
+            .patch(&app, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("scaling Deployment {app} to {replicas}"))?;
+    }
+    Ok(())
 }
 
 /// The pods of `ns` on `nodes` now.

@@ -2,8 +2,8 @@
 //! (a rollout in progress, a single replica until the timeout, a pod under two budgets), the pod
 //! selection of `kubectl drain` (DaemonSet, mirror, emptyDir, bare pods, podSelector,
 //! podEvictionFilters, `force` turned on mid-drain), the global eviction rate limit as the API
-//! server saw it, and 20 nodes x 30 pods drained in parallel under watch for PDB and
-//! maxUnavailable violations.
+//! server saw it, 20 nodes x 30 pods drained in parallel under watch for PDB and
+//! maxUnavailable violations, and the pod watches of 40 nodes sharing one HTTP/2 connection.
 //!
 //! Eviction calls are counted and timed from the API server's audit log (`support::audit`), not
 //! from the operator's own account.
@@ -1661,4 +1661,147 @@ fn unblock_delays(audit: &AuditLog, pdbs: &[String], pdb_of: &dyn Fn(&str) -> St
         }
     }
     delays
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connections
+
+/// Nodes in maintenance at once in the connection test: well above the connections the
+/// operator's other calls keep open.
+const WATCHING_NODES: usize = 40;
+/// The bound on calls in flight per client in the connection test.
+const OTHER_CONNECTIONS: usize = 2;
+
+/// The pod watches of nodes in maintenance share HTTP/2 connections (`src/api_calls.rs`,
+/// `actors/src/watch_connections.rs`): 40 nodes waiting for a pod each hold 40 pod watches, over
+/// one connection where HTTP/1.1 would take 40. Its own control plane: the connections of the
+/// shared operator would count other tests' calls.
+#[tokio::test]
+async fn pod_watches_of_many_nodes_share_one_connection() -> Result<()> {
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    let max = i32::try_from(WATCHING_NODES)?;
+    install(&client, Some(limits(max, max))).await?;
+    let nodes = create_nodes(&client, &unique_name("watch"), WATCHING_NODES, &[]).await?;
+    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let ns = unique_name("watch");
+    create_namespace(&client, &ns).await?;
+    let opts = BarePodOptions {
+        labels: BTreeMap::from([("app".to_string(), "job".to_string())]),
+        ..BarePodOptions::default()
+    };
+    for (i, node) in nodes.iter().enumerate() {
+        create_bare_pod(&client, &ns, &format!("job-{i}"), node, &opts).await?;
+    }
+    wait_pods_ready(&client, &ns, "app=job", WATCHING_NODES, WAIT).await?;
+    let api_port = testbed
+        .config()
+        .await?
+        .cluster_url
+        .port_u16()
+        .context("the testbed's API server URL names a port")?;
+    // Few calls in flight, so that the connections of the other calls stay few (hyper keeps a
+    // connection per call of a burst for 90 s).
+    let operator = Operator::start(
+        &testbed,
+        &["--max-concurrent-api-calls", &OTHER_CONNECTIONS.to_string()],
+    )
+    .await?;
+    let pid = operator.pid().context("the operator runs")?;
+
+    // Every node waits for its pod (`waitForPodCompletion`, no timeout): its actor watches the
+    // node's pods for as long as the pod runs.
+    for (i, node) in nodes.iter().enumerate() {
+        let mut spec = request_spec(node, "watch.example.com");
+        spec.wait_for_pod_completion = Some(maintenance_crds::WaitForPodCompletionSpec {
+            pod_selector: Some("app=job".into()),
+            timeout_seconds: Some(0),
+        });
+        create_request(&client, &ns, &format!("m{i}"), spec).await?;
+    }
+    // A request lists the pods it waits for once its watch has listed them.
+    let requests: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
+    wait_until(
+        &format!("{WATCHING_NODES} requests waiting for their pod"),
+        WAIT,
+        || async {
+            let listed = requests.list(&ListParams::default()).await?.items;
+            let waiting = listed
+                .iter()
+                .filter(|r| {
+                    r.phase() == Phase::WaitForPodCompletion
+                        && r.status
+                            .as_ref()
+                            .is_some_and(|s| !s.wait_for_completion.is_empty())
+                })
+                .count();
+            Ok(if waiting == WATCHING_NODES {
+                Check::Done(())
+            } else {
+                Check::Pending(format!("{waiting} waiting"))
+            })
+        },
+    )
+    .await?;
+    let connections = connections_to(pid, api_port)?;
+    println!(
+        "{WATCHING_NODES} pod watches: the operator holds {connections} connections to the API server"
+    );
+    // Over HTTP/1.1: one per pod watch, plus the supervisor's watches and the calls in flight.
+    // Shared: those others (about ten) and one for the pod watches.
+    ensure!(
+        connections < WATCHING_NODES / 2,
+        "{WATCHING_NODES} nodes watched over {connections} connections to the API server: the \
+         pod watches do not share connections"
+    );
+    let metrics = operator.metrics().await?;
+    ensure!(
+        sample(
+            &metrics,
+            "maintenance_operator_api_calls_in_flight",
+            &[("client", "pod_watches")]
+        )
+        .is_some(),
+        "the pod watches' client is not in /metrics"
+    );
+    Ok(())
+}
+
+/// The established TCP connections of process `pid` to local port `port` (the API server's).
+fn connections_to(pid: u32, port: u16) -> Result<usize> {
+    let inodes: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .with_context(|| format!("reading the descriptors of process {pid}"))?
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    let mut count = 0;
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))
+            .with_context(|| format!("reading /proc/{pid}/net/{table}"))?;
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(state), Some(inode)) =
+                (fields.get(2), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            // 01: ESTABLISHED.
+            if *state == "01" && remote_port == Some(port) && inodes.contains(*inode) {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
 }

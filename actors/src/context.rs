@@ -15,6 +15,7 @@ use crate::events::EventQueue;
 use crate::evictor::Evictor;
 use crate::metrics::Metrics;
 use crate::pdb_watch::PdbWatches;
+use crate::watch_connections::WatchConnections;
 use maintenance_core::drain_plan::OperatorIdentity;
 use maintenance_core::lifecycle::{self, StatusWrite, Transition};
 
@@ -30,6 +31,8 @@ pub const CONTROLLER_NAME: &str = "maintenance-operator";
 
 pub struct Context {
     pub client: kube::Client,
+    /// The clients of the node actors' pod watches (HTTP/2: many watches on a connection).
+    pub pod_watches: WatchConnections,
     pub evictor: Evictor,
     /// Watches of the PDBs that block drains now.
     pub pdbs: PdbWatches,
@@ -75,6 +78,7 @@ impl Context {
         Context {
             events: EventQueue::start(Recorder::new(client.clone(), reporter), metrics.clone()),
             pdbs,
+            pod_watches: WatchConnections::shared(client.clone()),
             client,
             evictor,
             metrics,

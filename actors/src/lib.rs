@@ -14,3 +14,4 @@ pub mod supervisor;
 pub mod task;
 #[cfg(test)]
 mod testing;
+pub mod watch_connections;

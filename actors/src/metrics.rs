@@ -90,21 +90,24 @@ pub struct BudgetSample<'a> {
     pub can_become_unavailable: Option<u32>,
 }
 
-/// The operator's two API clients, each with its own bound on calls in flight.
+/// The operator's API clients, each with its own bound on calls in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApiClient {
     /// Evictions and the deletions of a drain (no retries inside the client: a 429 is an answer).
     Evictions,
+    /// The node actors' pod watches, over HTTP/2 (`watch_connections`).
+    PodWatches,
     /// Everything else: watches, lists, status, cordons, leases.
     Main,
 }
 
 impl ApiClient {
-    pub const ALL: [ApiClient; 2] = [ApiClient::Evictions, ApiClient::Main];
+    pub const ALL: [ApiClient; 3] = [ApiClient::Evictions, ApiClient::PodWatches, ApiClient::Main];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ApiClient::Evictions => "evictions",
+            ApiClient::PodWatches => "pod_watches",
             ApiClient::Main => "main",
         }
     }

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use crate::context::{Context, api_message, api_status_code, is_conflict, is_not_found};
 use crate::task::AbortOnDrop;
+use crate::watch_connections::WatchSlot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// The reason a node actor stops with when its request needs nothing more (cleanup done): the
@@ -131,6 +132,8 @@ struct PodWatch {
     synced: Arc<AtomicBool>,
     _task: AbortOnDrop,
     _ready: AbortOnDrop,
+    /// The watch's place on its connection.
+    _slot: WatchSlot,
 }
 
 impl NodeState {
@@ -374,7 +377,16 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
     })?;
     // Only to name the budgets in the status: a lookup that fails must not hold the step (a
     // deletion's uncordon, a gone node's release); the next step looks again.
-    for (key, namespace, labels) in state.ledger.needs_covering_pdbs() {
+    for key in state.ledger.needs_covering_pdbs() {
+        let Some(pod) = state.pods.as_ref().and_then(|watch| {
+            watch
+                .store
+                .find(|p| drain_plan::PodRef::from_pod(p).key() == key)
+        }) else {
+            continue;
+        };
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         match covering_pdbs(&state.ctx, &namespace, &labels).await {
             Ok(pdbs) => state.ledger.set_covering_pdbs(&key, pdbs),
             Err(err) => {
@@ -595,19 +607,20 @@ fn start_eviction(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: Evic
         let outcome = ctx
             .evictor
             .evict(
-                &order.namespace,
-                &order.name,
-                order.uid.as_deref(),
-                &order.labels,
+                order.namespace(),
+                order.name(),
+                order.uid(),
+                order.labels(),
                 order.is_retry,
                 &cancel,
             )
             .await;
         // Cancelled before it was sent: nobody waits for an answer.
         let Some(outcome) = outcome else { return };
+        let uid = order.uid().map(str::to_string);
         let _ = actor.cast(NodeMsg::Evicted {
             key: order.key,
-            uid: order.uid,
+            uid,
             call,
             outcome,
         });
@@ -736,7 +749,8 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
     if state.pods.is_some() {
         return;
     }
-    let api: Api<CachedPod> = Api::all(state.ctx.client.clone());
+    let (client, slot) = state.ctx.pod_watches.acquire();
+    let api: Api<CachedPod> = Api::all(client);
     // One WATCH that starts with the current pods (sendInitialEvents) instead of a LIST and a
     // WATCH: a call less per drained node.
     let config = watcher::Config::default()
@@ -784,6 +798,7 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
         synced,
         _task: AbortOnDrop(task),
         _ready: AbortOnDrop(ready_task),
+        _slot: slot,
     });
 }
 

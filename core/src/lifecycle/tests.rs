@@ -1414,6 +1414,51 @@ fn pods_that_arrive_during_the_drain_are_evicted_but_never_hold_it() {
     assert_eq!(moved_to(&step), Some(Phase::Ready), "{step:?}");
 }
 
+/// An order shares the pod the actor's cache holds (no copy while it waits for the rate limit)
+/// and reads from it what the call needs; the ledger keeps no copy of the labels either.
+#[test]
+fn an_eviction_order_shares_the_cached_pod() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut web = pod("app", "web");
+    web.metadata.labels = Some(BTreeMap::from([("app".into(), "web".into())]));
+    let cached = vec![Arc::new(CachedPod::cached(&web))];
+    let summaries = BTreeMap::new();
+    let operator = OperatorIdentity::new("maintenance-operator", None);
+    let observed = Observed {
+        node: CORDONED,
+        pods: Some(&cached),
+        pdb_summaries: &summaries,
+        operator: &operator,
+    };
+    let mut ledger = Ledger::default();
+    let step = step(&nm, &observed, at(1), &mut ledger);
+    let orders: Vec<&EvictionOrder> = step
+        .actions
+        .iter()
+        .flat_map(|a| match a {
+            Action::Evict(orders) => orders.iter().collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let [order] = orders.as_slice() else {
+        panic!("one order: {step:?}");
+    };
+    assert!(
+        Arc::ptr_eq(&order.pod, &cached[0]),
+        "the cached pod, not a copy"
+    );
+    assert_eq!(
+        (order.namespace(), order.name(), order.uid()),
+        ("app", "web", Some("uid-app-web"))
+    );
+    assert_eq!(order.labels().get("app").map(String::as_str), Some("web"));
+    assert_eq!(
+        Arc::strong_count(&cached[0]),
+        2,
+        "the order's and the cache's"
+    );
+}
+
 #[test]
 fn a_restart_resumes_from_the_object() {
     // The status says 10 pods were to be evicted; a fresh ledger must not shrink the counts,
