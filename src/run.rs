@@ -135,14 +135,13 @@ async fn pod_watches(
         tracing::warn!(%why, "the API server did not answer over HTTP/2; pod watches go over HTTP/1.1, a connection each (about 40 KiB of memory per node in maintenance)");
         return Ok(WatchConnections::shared(main.clone()));
     }
+    // The checked client is not kept: its connection closes once idle, and every connection of
+    // the watches is made alike, when they need it.
+    drop(first);
     let config = config.clone();
     let metrics = metrics.clone();
     let main = main.clone();
-    let first = std::sync::Mutex::new(Some(first));
     Ok(WatchConnections::new(move || {
-        if let Some(client) = first.lock().ok().and_then(|mut f| f.take()) {
-            return client;
-        }
         match pod_watch_client(&config, max_in_flight, &metrics) {
             Ok(Some(client)) => client,
             Ok(None) => main.clone(),
