@@ -183,6 +183,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         metrics.clone(),
         pdbs.store(),
+        max_in_flight,
     );
     let mut ctx = Context::new(
         client,

@@ -53,6 +53,8 @@ pub struct Metrics {
     pub eviction_retries_total: IntCounter,
     /// Evictions not called because their PodDisruptionBudget's disruptions were spoken for.
     pub evictions_held_total: IntCounter,
+    /// Evictions waiting in the evictor's queue for a call slot and the rate limit.
+    pub evictions_queued: IntGauge,
     /// Pods currently refused eviction by a PodDisruptionBudget, by namespace and PDB.
     pub pods_blocked_by_pdb: GaugeVec,
     /// Pods deleted past `drainSpec.forceDeleteAfterSeconds`, by the namespace and PDB bypassed
@@ -215,6 +217,10 @@ impl Metrics {
                 "evictions_held_total",
                 "Evictions not called because the pod's PodDisruptionBudget had no disruption left to give (each would have been a refused call)",
             ))?,
+            evictions_queued: IntGauge::with_opts(opts(
+                "evictions_queued",
+                "Evictions waiting for their turn: called first come first served, as the eviction rate limit and the bound on calls in flight allow",
+            ))?,
             pods_blocked_by_pdb: GaugeVec::new(
                 opts(
                     "pods_blocked_by_pdb",
@@ -329,6 +335,7 @@ impl Metrics {
             Box::new(self.eviction_requests_total.clone()),
             Box::new(self.eviction_retries_total.clone()),
             Box::new(self.evictions_held_total.clone()),
+            Box::new(self.evictions_queued.clone()),
             Box::new(self.pods_blocked_by_pdb.clone()),
             Box::new(self.pods_force_deleted_total.clone()),
             Box::new(self.drain_duration_seconds.clone()),
@@ -466,14 +473,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 27, "{names:?}");
+        assert_eq!(names.len(), 28, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 27, "{names:?}");
+        assert_eq!(names.len(), 28, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

@@ -35,6 +35,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
 use crate::context::{Context, api_message, api_status_code, is_conflict, is_not_found};
+use crate::evictor::QueuedEviction;
 use crate::task::AbortOnDrop;
 use crate::watch_connections::WatchSlot;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -600,30 +601,20 @@ async fn execute_action(
 }
 
 fn start_eviction(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: EvictionOrder) {
-    let ctx = state.ctx.clone();
     let actor = myself.clone();
     let (call, cancel) = state.start_call(&order.key);
-    tokio::spawn(async move {
-        let outcome = ctx
-            .evictor
-            .evict(
-                order.namespace(),
-                order.name(),
-                order.uid(),
-                order.labels(),
-                order.is_retry,
-                &cancel,
-            )
-            .await;
-        // Cancelled before it was sent: nobody waits for an answer.
-        let Some(outcome) = outcome else { return };
-        let uid = order.uid().map(str::to_string);
-        let _ = actor.cast(NodeMsg::Evicted {
-            key: order.key,
-            uid,
-            call,
-            outcome,
-        });
+    state.ctx.evictor.submit(QueuedEviction {
+        order,
+        cancel,
+        answer: Box::new(move |order, outcome| {
+            let uid = order.uid().map(str::to_string);
+            let _ = actor.cast(NodeMsg::Evicted {
+                key: order.key,
+                uid,
+                call,
+                outcome,
+            });
+        }),
     });
 }
 
@@ -936,6 +927,7 @@ mod tests {
             },
             metrics.clone(),
             pdbs.store(),
+            4,
         );
         Arc::new(Context::new(
             client,
