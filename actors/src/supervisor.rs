@@ -35,6 +35,7 @@ use maintenance_core::cordon_mark::{self, CordonMark, OrphanSightings};
 use maintenance_core::drainability::{DrainBlocker, PreferDrainable};
 use maintenance_core::explain::{Explanations, Observed};
 use maintenance_core::lifecycle::EventReason;
+use maintenance_core::node_view;
 use maintenance_core::ownership::{self, NodeIdentity};
 use maintenance_core::pending_taint;
 use maintenance_core::scheduler::{self, Limits, NodeStates, RequestKey, Snapshot, WaitCause};
@@ -229,26 +230,11 @@ impl Actor for Supervisor {
             myself.clone(),
             queued.clone(),
         );
-        // Nodes are the big objects: keep only what decisions need.
+        // Nodes are many: keep only what decisions read (`node_view`).
         let (nodes, w2) = spawn_watch(
             Api::<Node>::all(client.clone()),
             watcher::Config::default(),
-            |node| {
-                node.managed_fields_mut().clear();
-                // All but the cordon mark (`cordon_mark`), which finds orphaned cordons.
-                node.annotations_mut()
-                    .retain(|key, _| cordon_mark::is_mark(key));
-                if let Some(status) = node.status.as_mut() {
-                    status.images = None;
-                    status.volumes_attached = None;
-                    status.volumes_in_use = None;
-                    status.node_info = None;
-                    status.capacity = None;
-                    // status.allocatable stays: checkCapacity reads it (a few quantities).
-                    status.addresses = None;
-                    status.daemon_endpoints = None;
-                }
-            },
+            node_view::trim,
             myself.clone(),
             queued.clone(),
         );

@@ -21,6 +21,7 @@ mod fixtures;
 pub mod label_selector;
 pub mod leader;
 pub mod lifecycle;
+pub mod node_view;
 pub mod ownership;
 pub mod pending_taint;
 pub mod plan_input;
