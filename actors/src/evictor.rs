@@ -94,21 +94,6 @@ impl PdbGate {
     }
 }
 
-/// A budget claim whose eviction call has not been sent: dropped that way (the eviction was
-/// cancelled), it is given back.
-struct UnsentClaim<'a> {
-    gate: &'a PdbGate,
-    claimed: Option<&'a PdbAllowance>,
-}
-
-impl Drop for UnsentClaim<'_> {
-    fn drop(&mut self) {
-        if let Some(claimed) = self.claimed {
-            self.gate.release(claimed);
-        }
-    }
-}
-
 /// The eviction rate in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EvictionRate {
@@ -290,17 +275,14 @@ async fn dispatch(calls: Arc<Calls>, mut queue: mpsc::UnboundedReceiver<QueuedEv
             continue;
         }
         // Cancelled while it waits for the rate limit (its request was deleted), the call never
-        // goes out: its claim goes back at once, not after the claim's time-to-live.
-        let mut unsent = UnsentClaim {
-            gate: &calls.gate,
-            claimed: claimed.as_ref(),
-        };
+        // goes out: its claim goes back at once, not after the claim's time-to-live. Once the
+        // call is sent the API server may act on it, and the claim stays until its answer.
         if !calls.wait_for_rate(&cancel).await {
+            if let Some(claimed) = &claimed {
+                calls.gate.release(claimed);
+            }
             continue;
         }
-        // From here the API server may act on the call: the claim stays until its answer.
-        unsent.claimed = None;
-        drop(unsent);
         let calls = calls.clone();
         tokio::spawn(async move {
             let outcome = calls.evict(&order, claimed.as_ref()).await;
