@@ -1,6 +1,6 @@
 //! `make bench`: performance workloads on real control planes (`tests/testbed/testbed`, KWOK
 //! nodes), with progress lines while they run and a dated report: `report.md` (tables, the goals
-//! of issue 13 marked met or missed), `report.json` and SVG charts.
+//! in docs/performance.md marked met or missed), `report.json` and SVG charts.
 //!
 //! - no drain: N requests on M nodes (maxParallelOperations P), each released once Ready;
 //!   requests/s and the operator's API calls per request by verb (from the audit log);
@@ -2535,7 +2535,7 @@ fn markdown(report: &Report, charts: &[(String, String)]) -> String {
 
     let _ = writeln!(
         md,
-        "## Goals (issue 13)\n\n| Goal | Target | Verdict |\n| --- | --- | --- |"
+        "## Goals (docs/performance.md)\n\n| Goal | Target | Verdict |\n| --- | --- | --- |"
     );
     for g in &report.goals {
         let _ = writeln!(md, "| {} | {} | {} |", g.what, g.target, g.verdict);
@@ -3471,7 +3471,7 @@ async fn run() -> Result<()> {
         report.rss = points;
     }
     report.goals = goals(&report);
-    println!("goals (issue 13):");
+    println!("goals (docs/performance.md):");
     for g in &report.goals {
         println!(
             "  {}: {} -> {}",

@@ -1,6 +1,6 @@
 //! One scheduling round as a pure function: which Pending requests may start now.
 //!
-//! This is exactly the algorithm of the design guide (section 5), plus the config's optional
+//! This is exactly the algorithm of docs/architecture.md, Scheduling algorithm, plus the config's optional
 //! budgets ([`crate::budgets`]) and maintenance windows ([`crate::windows`]): a request is
 //! admitted only when the cluster-wide limits, every budget that covers its node, and every window
 //! that applies have room. Without budgets and windows the decision is the plain algorithm's. It
@@ -478,7 +478,7 @@ pub enum ScheduleError {
     InvalidBudget(BudgetError),
 }
 
-/// Runs one scheduling round (design guide, section 5) at `now`, the time windows are read at.
+/// Runs one scheduling round (docs/architecture.md, Scheduling algorithm); windows are read at `now`.
 pub fn schedule(
     snapshot: &Snapshot,
     limits: &Limits,
@@ -513,7 +513,7 @@ fn max_parallel_operations(snapshot: &Snapshot, limits: &Limits) -> Result<u32, 
 
 /// Node -> the request holding it (the smallest key, so that reasons are stable). A request
 /// whose Node is gone holds nothing: there is no node left to keep unavailable, and its node
-/// actor only releases it (design guide, section 4; NVIDIA's preSchedule in
+/// actor only releases it (docs/architecture.md, Request lifecycle; NVIDIA's preSchedule in
 /// internal/controller/nodemaintenancescheduler_controller.go counts only existing nodes). Nor
 /// does a released one (deleted, our cleanup done): only its requestor's finalizer keeps it, for
 /// as long as the requestor likes, and nothing of ours will change it again.

@@ -18,7 +18,7 @@
 //! - **pod deleted instead of evicted**: the audit log shows a `delete` of a pod of the namespace
 //!   by the operator's identity ([`Scope::operator_user`]).
 //!
-//! Definitions follow the design guide (sections 4 and 5) and reuse the core's: a node is
+//! Definitions follow docs/architecture.md (Request lifecycle, Scheduling algorithm) and reuse the core's: a node is
 //! *unavailable* when unschedulable or not Ready ([`NodeState::from_node`]) or in maintenance;
 //! a node is *in maintenance* while a request on it is past Pending and the Node exists, a request
 //! being deleted included until it is *released*: deleted past Pending with the operator's

@@ -41,7 +41,7 @@ pub fn legacy_schedule(
         .collect();
     // Node -> the request holding it (the smallest key, so that reasons are stable). A request
     // whose Node is gone holds nothing: there is no node left to keep unavailable, and its node
-    // actor only releases it (design guide, section 4; NVIDIA's preSchedule in
+    // actor only releases it (docs/architecture.md, Request lifecycle; NVIDIA's preSchedule in
     // internal/controller/nodemaintenancescheduler_controller.go counts only existing nodes).
     let mut in_maintenance: BTreeMap<&str, &RequestState> = BTreeMap::new();
     for request in snapshot
