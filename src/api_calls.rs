@@ -30,7 +30,7 @@ pub fn bounded_client(
         .build())
 }
 
-/// A client for the node actors' pod watches whose requests share one HTTP/2 connection
+/// A client for the request actors' pod watches whose requests share one HTTP/2 connection
 /// (`maintenance_actors::watch_connections`), with its own bound like [`bounded_client`]. `None`
 /// when the API server is reached through a proxy or over plain HTTP: its pod watches then go over
 /// the main client, a connection each, as HTTP/1.1 must.

@@ -173,7 +173,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &metrics,
         ApiClient::Evictions,
     )?;
-    // One cluster-wide PDB watch for the evictor's per-budget gate and the node actors.
+    // One cluster-wide PDB watch for the evictor's per-budget gate and the request actors.
     let pdbs = PdbWatches::new(client.clone());
     let evictor = Evictor::new(
         eviction_client,

@@ -31,7 +31,7 @@ pub const CONTROLLER_NAME: &str = "maintenance-operator";
 
 pub struct Context {
     pub client: kube::Client,
-    /// The clients of the node actors' pod watches (HTTP/2: many watches on a connection).
+    /// The clients of the request actors' pod watches (HTTP/2: many watches on a connection).
     pub pod_watches: WatchConnections,
     pub evictor: Evictor,
     /// Watches of the PDBs that block drains now.

@@ -88,7 +88,7 @@ pub async fn observe_blockers(
         };
         let rules = match DrainRules::new(spec, Some(ctx.identity.clone())) {
             Ok(rules) => rules,
-            // The node actor reports a bad drainSpec on the request; here it just keeps its place.
+            // The request actor reports a bad drainSpec on the request; here it just keeps its place.
             Err(_) => continue,
         };
         let node = &request.spec.node_name;

@@ -1,4 +1,4 @@
-//! The one eviction executor shared by every node actor: per-budget admission of eviction calls
+//! The one eviction executor shared by every request actor: per-budget admission of eviction calls
 //! (no more calls in flight for a PodDisruptionBudget than it allows, decided by
 //! `maintenance_core::eviction::TokenBook` over one cluster-wide PDB cache), a global rate limit
 //! on Eviction API calls (protecting the API server) and a precise reading of each answer.
@@ -101,7 +101,7 @@ pub struct EvictionRate {
     pub burst: u32,
 }
 
-/// Tells a node actor how its eviction went. Not called when the eviction was cancelled before
+/// Tells a request actor how its eviction went. Not called when the eviction was cancelled before
 /// its call was sent.
 pub type EvictionAnswer = Box<dyn FnOnce(EvictionOrder, EvictionOutcome) + Send>;
 

@@ -1,4 +1,4 @@
-//! The I/O shell of the maintenance engine: the supervisor, one actor per node under maintenance,
+//! The I/O shell of the maintenance engine: the supervisor, one actor per request in progress,
 //! the shared eviction executor and PDB watches. Every decision they act on comes from
 //! `maintenance-core`.
 
@@ -8,10 +8,12 @@ pub mod drainability;
 pub mod events;
 pub mod evictor;
 pub mod metrics;
-pub mod node_actor;
 pub mod pdb_watch;
+pub mod request_actor;
 pub mod supervisor;
 pub mod task;
 #[cfg(test)]
 mod testing;
 pub mod watch_connections;
+mod watches;
+pub mod writes;

@@ -77,7 +77,7 @@ pub struct Metrics {
     /// Time a client's next call waited because `--max-concurrent-api-calls` calls were already
     /// in flight: its rate is the share of the time the bound held calls back.
     pub api_calls_throttled_seconds_total: prometheus::CounterVec,
-    /// The pods each PDB blocks, summed over node actors: a label set goes when its count is 0.
+    /// The pods each PDB blocks, summed over request actors: a label set goes when its count is 0.
     blocked_by_pdb: Mutex<HashMap<(String, String), i64>>,
     /// The (budget, group) label sets exported at the last round, so that removed ones go.
     budget_series: Mutex<HashSet<(String, String)>>,
@@ -97,7 +97,7 @@ pub struct BudgetSample<'a> {
 pub enum ApiClient {
     /// Evictions and the deletions of a drain (no retries inside the client: a 429 is an answer).
     Evictions,
-    /// The node actors' pod watches, over HTTP/2 (`watch_connections`).
+    /// The request actors' pod watches, over HTTP/2 (`watch_connections`).
     PodWatches,
     /// Everything else: watches, lists, status, cordons, leases.
     Main,
@@ -249,11 +249,11 @@ impl Metrics {
             )?,
             node_actors: IntGauge::with_opts(opts(
                 "node_actors",
-                "Node actors running (one per request in progress)",
+                "Request actors running (one per request in progress)",
             ))?,
             actor_restarts_total: IntCounter::with_opts(opts(
                 "actor_restarts_total",
-                "Node actors restarted after a failure",
+                "Request actors restarted after a failure",
             ))?,
             errors_total: IntCounterVec::new(
                 opts("errors_total", "Failed API calls by step"),

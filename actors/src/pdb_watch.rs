@@ -1,4 +1,4 @@
-//! The cluster's PodDisruptionBudgets, from one watch shared by all node actors: the budgets that
+//! The cluster's PodDisruptionBudgets, from one watch shared by all request actors: the budgets that
 //! cover a pod, and subscriptions to the budgets that block a drain right now. A PDB's status
 //! change wakes the blocked evictions at once instead of at their next backoff; the evictor's
 //! per-budget gate then decides how many of them call.
@@ -98,7 +98,7 @@ struct Watched {
     subscribers: usize,
 }
 
-/// The cluster's PodDisruptionBudgets, from one watch shared by every node actor, and the
+/// The cluster's PodDisruptionBudgets, from one watch shared by every request actor, and the
 /// subscriptions of the actors waiting on some of them. One watch for all: a watch per blocking
 /// PDB cost a LIST and a WATCH per PDB per drain (a quarter of a call per evicted pod), and
 /// finding the budgets that cover a pod cost a LIST per pod.

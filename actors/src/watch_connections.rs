@@ -1,4 +1,4 @@
-//! The connections the node actors' pod watches go over.
+//! The connections the request actors' pod watches go over.
 //!
 //! Over HTTP/1.1 a watch holds a connection for as long as it lasts, and a connection costs
 //! about 40 KiB (TLS state, hyper's buffers and dispatch channel): 500 nodes in maintenance held

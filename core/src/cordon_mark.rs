@@ -1,11 +1,11 @@
 //! Which request cordoned a node, written on the node itself with the cordon (one patch), and
 //! removed with the uncordon (one patch). The mark is what lets a node cordoned by a request that
-//! is gone be found and uncordoned: the request's own record (its annotations, the node actor's
+//! is gone be found and uncordoned: the request's own record (its annotations, the request actor's
 //! memory) goes with the request, but the mark stays on the node.
 //!
 //! A request goes without our cleanup when the API server deletes it under our finalizer (a
 //! DELETE that raced the admission), when someone removes our finalizer by hand, or when either
-//! happens while the operator is down or its node actor has failed. A running node actor undoes
+//! happens while the operator is down or its request actor has failed. A running request actor undoes
 //! the cordon itself (`lifecycle::on_request_gone`); once no actor remembers the request, the
 //! supervisor finds the node by its mark: a node marked by a request that no actor runs for and
 //! that the cache does not show in progress ([`orphaned_cordons`]) is an orphaned cordon. It is
@@ -59,7 +59,7 @@ pub fn cordon_patch(request: &NodeMaintenance) -> Value {
 
 /// The node patch of the uncordon: schedulable, and the mark removed. `resource_version` guards
 /// it (the orphan sweep writes on what its cache showed); `None` writes unconditionally (the
-/// node actor uncordons what its request cordoned).
+/// request actor uncordons what its request cordoned).
 pub fn uncordon_patch(resource_version: Option<&str>) -> Value {
     let mut metadata = json!({ "annotations": {
         CORDONED_BY_ANNOTATION: null,
@@ -123,7 +123,7 @@ pub fn cordon_mark(node: &Node) -> Option<CordonMark> {
 }
 
 /// The marks of requests that nothing of ours holds any more: `in_progress` says whether a UID
-/// has a node actor running (or one that ended: it removed the mark, and a cache that shows it is
+/// has a request actor running (or one that ended: it removed the mark, and a cache that shows it is
 /// behind), an admission on its way, or a request the cache shows that needs an actor
 /// (`lifecycle::needs_actor`).
 pub fn orphaned_cordons<'a>(
@@ -135,6 +135,21 @@ pub fn orphaned_cordons<'a>(
         .filter_map(cordon_mark)
         .filter(|mark| !in_progress(&mark.uid))
         .collect()
+}
+
+/// Holds the nodes of orphaned cordons in the scheduler's view: a request the snapshot shows past
+/// Pending on the node is not released, and one it lacks is added as the holder.
+pub fn hold_nodes(snapshot: &mut crate::scheduler::Snapshot, marks: &[CordonMark]) {
+    for mark in marks {
+        match snapshot.requests.iter_mut().find(|r| {
+            (r.namespace.as_str(), r.name.as_str()) == (mark.namespace.as_str(), mark.name.as_str())
+                && r.node_name == mark.node
+                && r.phase != Phase::Pending
+        }) {
+            Some(request) => request.released = false,
+            None => snapshot.requests.push(mark.holder()),
+        }
+    }
 }
 
 /// When each orphaned mark was first seen, across rounds (a grace timer, not state: a restart

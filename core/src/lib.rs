@@ -27,4 +27,5 @@ pub mod pending_taint;
 pub mod plan_input;
 pub mod pod_view;
 pub mod scheduler;
+pub mod tracker;
 pub mod windows;

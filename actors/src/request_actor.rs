@@ -40,11 +40,11 @@ use crate::task::AbortOnDrop;
 use crate::watch_connections::WatchSlot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// The reason a node actor stops with when its request needs nothing more (cleanup done): the
+/// The reason a request actor stops with when its request needs nothing more (cleanup done): the
 /// supervisor releases the request's slot on it, without waiting for the cache.
 pub const MAINTENANCE_FINISHED: &str = "maintenance finished";
 
-pub enum NodeMsg {
+pub enum RequestMsg {
     /// The supervisor saw a newer version of the request.
     Updated(Arc<NodeMaintenance>),
     /// Run the step again (timers).
@@ -53,7 +53,7 @@ pub enum NodeMsg {
     PodsChanged,
     /// A PDB that blocked one of our pods now allows a disruption.
     PdbChanged { namespace: String, name: String },
-    /// One eviction call finished (`call` as in [`NodeState::calls`]).
+    /// One eviction call finished (`call` as in [`RequestActorState::calls`]).
     Evicted {
         key: String,
         uid: Option<String>,
@@ -72,9 +72,9 @@ pub enum NodeMsg {
     RequestGone,
 }
 
-pub struct NodeActor;
+pub struct RequestActor;
 
-pub struct NodeArgs {
+pub struct RequestArgs {
     pub ctx: Arc<Context>,
     pub request: Arc<NodeMaintenance>,
     /// The supervisor's node cache (read-only here).
@@ -86,7 +86,7 @@ pub struct NodeArgs {
 
 /// The actor's gauges go when its state does: on a stop, and also on a panic, after which ractor
 /// runs no `post_stop` (the node-actor count and the request's series would stay for good).
-impl Drop for NodeState {
+impl Drop for RequestActorState {
     fn drop(&mut self) {
         self.ctx.metrics.node_actors.dec();
         self.ledger.clear();
@@ -94,7 +94,7 @@ impl Drop for NodeState {
     }
 }
 
-pub struct NodeState {
+pub struct RequestActorState {
     ctx: Arc<Context>,
     request: Arc<NodeMaintenance>,
     nodes: Store<Node>,
@@ -137,11 +137,11 @@ struct PodWatch {
     _slot: WatchSlot,
 }
 
-impl NodeState {
+impl RequestActorState {
     /// A fresh actor's state; counted in the node-actor gauge until it is dropped.
-    fn new(args: NodeArgs) -> Self {
+    fn new(args: RequestArgs) -> Self {
         args.ctx.metrics.node_actors.inc();
-        NodeState {
+        RequestActorState {
             ctx: args.ctx,
             request: args.request,
             nodes: args.nodes,
@@ -189,60 +189,60 @@ impl NodeState {
     }
 
     /// Runs the step again after `after`, keeping only the earliest pending timer.
-    fn schedule_step(&mut self, myself: &ActorRef<NodeMsg>, after: Duration) {
+    fn schedule_step(&mut self, myself: &ActorRef<RequestMsg>, after: Duration) {
         let at = Instant::now() + after;
         if self.next_step_at.is_some_and(|pending| pending <= at) {
             return;
         }
         self.next_step_at = Some(at);
-        myself.send_after(after, || NodeMsg::Step);
+        myself.send_after(after, || RequestMsg::Step);
     }
 }
 
-impl Actor for NodeActor {
-    type Msg = NodeMsg;
-    type State = NodeState;
-    type Arguments = NodeArgs;
+impl Actor for RequestActor {
+    type Msg = RequestMsg;
+    type State = RequestActorState;
+    type Arguments = RequestArgs;
 
     async fn pre_start(
         &self,
-        myself: ActorRef<NodeMsg>,
-        args: NodeArgs,
-    ) -> Result<NodeState, ActorProcessingErr> {
-        let state = NodeState::new(args);
-        let _ = myself.cast(NodeMsg::Step);
+        myself: ActorRef<RequestMsg>,
+        args: RequestArgs,
+    ) -> Result<RequestActorState, ActorProcessingErr> {
+        let state = RequestActorState::new(args);
+        let _ = myself.cast(RequestMsg::Step);
         Ok(state)
     }
 
     async fn handle(
         &self,
-        myself: ActorRef<NodeMsg>,
-        msg: NodeMsg,
-        state: &mut NodeState,
+        myself: ActorRef<RequestMsg>,
+        msg: RequestMsg,
+        state: &mut RequestActorState,
     ) -> Result<(), ActorProcessingErr> {
         let now = jiff::Timestamp::now();
         match msg {
-            NodeMsg::Updated(request) => {
+            RequestMsg::Updated(request) => {
                 if lifecycle::is_newer_version(&request, &state.request) {
                     state.request = request;
                 }
             }
-            NodeMsg::Step => {
+            RequestMsg::Step => {
                 if state.next_step_at.is_some_and(|at| at <= Instant::now()) {
                     state.next_step_at = None;
                 }
             }
-            NodeMsg::PodsChanged => {
+            RequestMsg::PodsChanged => {
                 if let Some(watch) = &state.pods {
                     watch.queued.store(false, Ordering::Release);
                 }
             }
-            NodeMsg::PdbChanged { namespace, name } => {
+            RequestMsg::PdbChanged { namespace, name } => {
                 // Every waiter is woken; the evictor's per-budget gate lets as many calls through
                 // as the budget allows and holds the rest without a call.
                 state.ledger.wake_blocked_by(&namespace, &name, now);
             }
-            NodeMsg::Evicted {
+            RequestMsg::Evicted {
                 key,
                 uid,
                 call,
@@ -254,8 +254,8 @@ impl Actor for NodeActor {
                     .ledger
                     .record(&key, uid.as_deref(), outcome, now, rand::random::<f64>());
             }
-            NodeMsg::RequestGone => state.gone = true,
-            NodeMsg::ForceDeleted {
+            RequestMsg::RequestGone => state.gone = true,
+            RequestMsg::ForceDeleted {
                 key,
                 uid,
                 call,
@@ -325,7 +325,7 @@ impl Actor for NodeActor {
 }
 
 /// Reads the request again; false when it no longer exists.
-async fn refresh(state: &mut NodeState) -> bool {
+async fn refresh(state: &mut RequestActorState) -> bool {
     match request_api(state).get_opt(&state.request.name_any()).await {
         // A request re-created under the same name is another request, with its own actor.
         Ok(Some(fresh)) if fresh.uid() == state.request.uid() => {
@@ -340,11 +340,11 @@ async fn refresh(state: &mut NodeState) -> bool {
     }
 }
 
-fn node_api(state: &NodeState) -> Api<Node> {
+fn node_api(state: &RequestActorState) -> Api<Node> {
     Api::all(state.ctx.client.clone())
 }
 
-fn request_api(state: &NodeState) -> Api<NodeMaintenance> {
+fn request_api(state: &RequestActorState) -> Api<NodeMaintenance> {
     Api::namespaced(
         state.ctx.client.clone(),
         &state.request.namespace().unwrap_or_default(),
@@ -353,7 +353,7 @@ fn request_api(state: &NodeState) -> Api<NodeMaintenance> {
 
 /// The node from the shared cache, or from the API server when the step needs it fresh or the
 /// cache says it is gone (releasing a request is not decided on a lagging cache).
-async fn observe_node(state: &NodeState) -> Result<NodeView, kube::Error> {
+async fn observe_node(state: &RequestActorState) -> Result<NodeView, kube::Error> {
     if !lifecycle::needs_fresh_node(&state.request)
         && let Some(node) = state.nodes.get(&ObjectRef::new(state.node()))
     {
@@ -371,7 +371,10 @@ struct StepError {
 }
 
 /// One step: observe, decide (pure), execute.
-async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), StepError> {
+async fn run_step(
+    myself: &ActorRef<RequestMsg>,
+    state: &mut RequestActorState,
+) -> Result<(), StepError> {
     let node = observe_node(state).await.map_err(|err| StepError {
         call: Some(StepCall::ReadNode),
         err,
@@ -470,13 +473,17 @@ async fn run_step(myself: &ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(
     }
     // A new phase can usually start at once.
     if moved {
-        let _ = myself.cast(NodeMsg::Step);
+        let _ = myself.cast(RequestMsg::Step);
     }
     Ok(())
 }
 
 /// Sets one annotation, guarded by the resourceVersion the step saw, and keeps the new version.
-async fn annotate(state: &mut NodeState, key: &str, value: String) -> Result<(), kube::Error> {
+async fn annotate(
+    state: &mut RequestActorState,
+    key: &str,
+    value: String,
+) -> Result<(), kube::Error> {
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": state.request.resource_version(),
@@ -495,8 +502,8 @@ async fn annotate(state: &mut NodeState, key: &str, value: String) -> Result<(),
 }
 
 async fn execute(
-    myself: &ActorRef<NodeMsg>,
-    state: &mut NodeState,
+    myself: &ActorRef<RequestMsg>,
+    state: &mut RequestActorState,
     step: &Step,
 ) -> Result<(), StepError> {
     for action in &step.actions {
@@ -511,8 +518,8 @@ async fn execute(
 }
 
 async fn execute_action(
-    myself: &ActorRef<NodeMsg>,
-    state: &mut NodeState,
+    myself: &ActorRef<RequestMsg>,
+    state: &mut RequestActorState,
     action: &Action,
 ) -> Result<(), kube::Error> {
     match action {
@@ -541,7 +548,7 @@ async fn execute_action(
                 .ctx
                 .event(&state.request, false, EventReason::Adopted.as_str(), note);
             // The adopted version is stepped at once, not when the watch brings it back.
-            let _ = myself.cast(NodeMsg::Step);
+            let _ = myself.cast(RequestMsg::Step);
         }
         Action::RecordReadyTime { at } => {
             annotate(state, READY_TIME_ANNOTATION, annotation_value(*at)).await?;
@@ -600,7 +607,11 @@ async fn execute_action(
     Ok(())
 }
 
-fn start_eviction(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: EvictionOrder) {
+fn start_eviction(
+    myself: &ActorRef<RequestMsg>,
+    state: &mut RequestActorState,
+    order: EvictionOrder,
+) {
     let actor = myself.clone();
     let (call, cancel) = state.start_call(&order.key);
     state.ctx.evictor.submit(QueuedEviction {
@@ -608,7 +619,7 @@ fn start_eviction(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: Evic
         cancel,
         answer: Box::new(move |order, outcome| {
             let uid = order.uid().map(str::to_string);
-            let _ = actor.cast(NodeMsg::Evicted {
+            let _ = actor.cast(RequestMsg::Evicted {
                 key: order.key,
                 uid,
                 call,
@@ -620,7 +631,11 @@ fn start_eviction(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: Evic
 
 /// Deletes one pod past the escalation deadline; once the API server accepted it, the Warning
 /// Events (on the request and the pod) and the metric say which budget was bypassed.
-fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: ForceDeleteOrder) {
+fn start_force_delete(
+    myself: &ActorRef<RequestMsg>,
+    state: &mut RequestActorState,
+    order: ForceDeleteOrder,
+) {
     let ctx = state.ctx.clone();
     let request = state.request.clone();
     let actor = myself.clone();
@@ -671,7 +686,7 @@ fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: 
                 ctx.error("force_delete");
             }
         }
-        let _ = actor.cast(NodeMsg::ForceDeleted {
+        let _ = actor.cast(RequestMsg::ForceDeleted {
             key: order.key,
             uid: order.uid,
             call,
@@ -683,7 +698,10 @@ fn start_force_delete(myself: &ActorRef<NodeMsg>, state: &mut NodeState, order: 
 /// The cordon marks the node with its request, the uncordon removes the mark
 /// (`cordon_mark`: what finds a node whose request went without our cleanup once no actor
 /// remembers it).
-async fn set_unschedulable(state: &NodeState, unschedulable: bool) -> Result<(), kube::Error> {
+async fn set_unschedulable(
+    state: &RequestActorState,
+    unschedulable: bool,
+) -> Result<(), kube::Error> {
     let patch = if unschedulable {
         cordon_mark::cordon_patch(&state.request)
     } else {
@@ -700,7 +718,7 @@ async fn set_unschedulable(state: &NodeState, unschedulable: bool) -> Result<(),
     }
 }
 
-async fn remove_finalizer(state: &NodeState) -> Result<(), kube::Error> {
+async fn remove_finalizer(state: &RequestActorState) -> Result<(), kube::Error> {
     let finalizers: Vec<String> = state
         .request
         .finalizers()
@@ -718,7 +736,7 @@ async fn remove_finalizer(state: &NodeState) -> Result<(), kube::Error> {
 /// Replaces the finalizer list, guarded by the resourceVersion we read: a merge patch replaces
 /// the whole list, so a concurrent edit by the requestor must conflict, not be overwritten.
 async fn patch_finalizers(
-    state: &NodeState,
+    state: &RequestActorState,
     finalizers: Vec<String>,
 ) -> Result<NodeMaintenance, kube::Error> {
     let patch = serde_json::json!({
@@ -736,7 +754,7 @@ async fn patch_finalizers(
         .await
 }
 
-fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
+fn ensure_pod_watch(myself: &ActorRef<RequestMsg>, state: &mut RequestActorState) {
     if state.pods.is_some() {
         return;
     }
@@ -769,7 +787,7 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
             // reflector yielded it, so the next read sees it. (Objects alone would say nothing
             // when a re-list after an outage finds that pods ended meanwhile.)
             if !queued_flag.swap(true, Ordering::AcqRel) {
-                let _ = actor.cast(NodeMsg::PodsChanged);
+                let _ = actor.cast(RequestMsg::PodsChanged);
             }
         }
     });
@@ -780,7 +798,7 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
     let ready_task = tokio::spawn(async move {
         if ready_store.wait_until_ready().await.is_ok() {
             synced_flag.store(true, Ordering::Release);
-            let _ = actor.cast(NodeMsg::PodsChanged);
+            let _ = actor.cast(RequestMsg::PodsChanged);
         }
     });
     state.pods = Some(PodWatch {
@@ -795,7 +813,7 @@ fn ensure_pod_watch(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
 
 /// Keeps the shared gauges in step with the ledger: pods blocked per PDB, and while draining the
 /// seconds since the last progress. Label sets go when the request no longer needs them.
-fn report_metrics(state: &mut NodeState, last_progress: Option<jiff::Timestamp>) {
+fn report_metrics(state: &mut RequestActorState, last_progress: Option<jiff::Timestamp>) {
     let now = state.ledger.blocked_by_pdb();
     let metrics = &state.ctx.metrics;
     // A budget that blocks a drain with a deadline gets its force-deletion series at 0 now, so
@@ -868,7 +886,7 @@ async fn covering_pdbs(
 }
 
 /// Keeps one PDB subscription per PDB that blocks one of our pods, and drops the others.
-fn sync_pdb_subscriptions(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
+fn sync_pdb_subscriptions(myself: &ActorRef<RequestMsg>, state: &mut RequestActorState) {
     let wanted = state.ledger.pdbs_waited_on();
     state.pdb_watches.retain(|key, _| wanted.contains(key));
     for (namespace, name) in wanted {
@@ -891,7 +909,7 @@ fn sync_pdb_subscriptions(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
                     .is_none_or(|s| s.disruptions_allowed > 0);
                 if allows
                     && actor
-                        .cast(NodeMsg::PdbChanged {
+                        .cast(RequestMsg::PdbChanged {
                             namespace: ns.clone(),
                             name: pdb.clone(),
                         })
@@ -940,7 +958,7 @@ mod tests {
         ))
     }
 
-    fn state(ctx: Arc<Context>) -> NodeState {
+    fn state(ctx: Arc<Context>) -> RequestActorState {
         let request = NodeMaintenance::new(
             "upgrade",
             maintenance_crds::NodeMaintenanceSpec {
@@ -950,7 +968,7 @@ mod tests {
             },
         );
         let (nodes, _writer) = reflector::store();
-        NodeState::new(NodeArgs {
+        RequestActorState::new(RequestArgs {
             ctx,
             request: Arc::new(request),
             nodes,

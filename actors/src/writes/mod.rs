@@ -1,0 +1,75 @@
+//! The writes a scheduling round decides, executed off the supervisor's mailbox: admissions,
+//! Pending messages and owners, the pending-drain taint, orphaned cordons undone, garbage
+//! collection. Each is started by the round and answered to the supervisor by a message, so a
+//! round never waits on the API server; the supervisor's tracker (`maintenance_core::tracker`)
+//! remembers what is in flight meanwhile.
+
+pub mod admission;
+pub mod gc;
+pub mod nodes;
+pub mod pending;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use maintenance_core::ownership::NodeIdentity;
+use ractor::ActorRef;
+
+use crate::context::Context;
+use crate::supervisor::SupervisorMsg;
+
+/// Writes (initial Pending status, owner references, reasons, taints) made concurrently in one
+/// round.
+const PARALLEL_WRITES: usize = 16;
+
+/// Runs `write` for each item, [`PARALLEL_WRITES`] at a time, in a task the round does not wait
+/// for. Each item is keyed (a request's UID, a node's name) and its write returns the
+/// resourceVersion it wrote, if any; `answer` tells the supervisor, even if the task panicked
+/// (then every key as not written, so the next round decides again). The caller has told its
+/// tracker the writes are sent.
+pub(crate) fn spawn_writes<T, F, Fut>(
+    myself: &ActorRef<SupervisorMsg>,
+    items: Vec<(String, T)>,
+    write: F,
+    answer: fn(Vec<(String, Option<String>)>) -> SupervisorMsg,
+    ctx: &Arc<Context>,
+) where
+    T: Send + 'static,
+    F: Fn(Arc<Context>, T) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Option<String>> + Send,
+{
+    if items.is_empty() {
+        return;
+    }
+    let keys: Vec<String> = items.iter().map(|(key, _)| key.clone()).collect();
+    let ctx = ctx.clone();
+    let writes = tokio::spawn(async move {
+        futures::stream::iter(items)
+            .map(|(key, item)| {
+                let written = write(ctx.clone(), item);
+                async move { (key, written.await) }
+            })
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect::<Vec<(String, Option<String>)>>()
+            .await
+    });
+    let supervisor = myself.clone();
+    tokio::spawn(async move {
+        let written = match writes.await {
+            Ok(written) => written,
+            // A panicked task wrote who knows what: release every key to the next round.
+            Err(_) => keys.into_iter().map(|key| (key, None)).collect(),
+        };
+        let _ = supervisor.cast(answer(written));
+    });
+}
+
+/// The node as ownership needs it; `None` while it is not in the cache (or has no UID yet).
+pub(crate) fn node_identity(node: Option<&Arc<Node>>) -> Option<NodeIdentity<'_>> {
+    let node = node?;
+    Some(NodeIdentity {
+        name: node.metadata.name.as_deref()?,
+        uid: node.metadata.uid.as_deref()?,
+    })
+}

@@ -1,0 +1,200 @@
+//! Pending requests' writes: the first Pending condition, the node as owner, and the reason why
+//! each waits, rewritten as core's `explain` chooses.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use maintenance_core::explain::{Explanations, Observed};
+use maintenance_core::lifecycle;
+use maintenance_core::ownership;
+use maintenance_core::scheduler::{Limits, WaitCause, Waiting};
+use maintenance_core::tracker::{Cache, Tracker};
+use maintenance_crds::{NodeMaintenance, Phase, condition_type};
+use ractor::ActorRef;
+
+use super::{node_identity, spawn_writes};
+use crate::context::{Context, is_conflict, is_not_found};
+use crate::supervisor::SupervisorMsg;
+
+/// A waiting request's Pending condition says why it waits (the scheduler's reason), so that
+/// `kubectl describe nm` answers "why is my request still Pending?". Which ones are rewritten now
+/// (throttled per request, but at once after a change of the limits) is decided in core.
+pub(crate) fn explain_waiting(
+    myself: &ActorRef<SupervisorMsg>,
+    ctx: &Arc<Context>,
+    explanations: &mut Explanations<String>,
+    tracker: &mut Tracker,
+    limits: &Limits,
+    cache: &Cache<'_>,
+    waiting: &[Waiting],
+) {
+    let mut observed: Vec<Observed<'_, String>> = Vec::new();
+    let mut by_uid: HashMap<String, (&Arc<NodeMaintenance>, &str)> = HashMap::new();
+    for entry in waiting {
+        let Some(request) = cache.request_named(&entry.key.namespace, &entry.key.name) else {
+            continue;
+        };
+        let Some(uid) = request.uid() else { continue };
+        // One being deleted is going away. Only a Pending condition carries the reason: a new
+        // request gets its first message from `prepare_pending_requests`, and is observed
+        // without one until the cache shows it.
+        if request.is_deleting() {
+            continue;
+        }
+        let message = match request.condition(condition_type::READY) {
+            None => None,
+            Some(c) if c.reason == Phase::Pending.as_str() => Some(c.message.as_str()),
+            Some(_) => continue,
+        };
+        observed.push(Observed {
+            key: uid.clone(),
+            reason: &entry.reason,
+            cause: entry.cause,
+            message,
+        });
+        by_uid.insert(uid, (request, &entry.reason));
+    }
+    // Requests with a write in flight stay in what the memory observes (or it would forget
+    // them and explain them again at once); they are only left out of this round's writes.
+    let chosen = explanations.round(limits, &observed, jiff::Timestamp::now());
+    let writes: Vec<(String, (Arc<NodeMaintenance>, String))> = chosen
+        .iter()
+        .filter(|uid| !tracker.has_write(uid))
+        .filter_map(|uid| Some((uid.clone(), by_uid.get(uid)?)))
+        .map(|(uid, (request, reason))| (uid, (Arc::clone(request), reason.to_string())))
+        .collect();
+    tracker.writes_sent(writes.iter().map(|(uid, _)| uid.clone()));
+    spawn_writes(
+        myself,
+        writes,
+        |ctx, (request, reason)| async move {
+            match ctx
+                .transition(&request, Phase::Pending, &reason, |_| {})
+                .await
+            {
+                Ok(written) => written.resource_version(),
+                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
+                Err(err) => {
+                    tracing::warn!(request = %request.key(), %err, "could not explain why it waits");
+                    ctx.error("pending");
+                    None
+                }
+            }
+        },
+        |written| SupervisorMsg::Written { written },
+        ctx,
+    );
+}
+
+/// New requests that the round did not admit get a Pending condition with the round's reason, so
+/// `kubectl get nm` shows them as waiting and why, and a Pending request that has waited
+/// [`ownership::PENDING_OWNER_DELAY`] gets its Node as owner, so deleting the node
+/// garbage-collects requests that never started (the admission writes it for the others).
+/// Requests admitted but still shown Pending by the cache are left to `admit`.
+pub(crate) fn prepare_pending_requests(
+    myself: &ActorRef<SupervisorMsg>,
+    ctx: &Arc<Context>,
+    requests: &[Arc<NodeMaintenance>],
+    cache: &Cache<'_>,
+    tracker: &mut Tracker,
+    reasons: &HashMap<(String, String), (String, WaitCause)>,
+) -> Vec<(String, WaitCause)> {
+    let now = jiff::Timestamp::now();
+    type Work = (bool, Option<Vec<OwnerReference>>, String);
+    let mut explained = Vec::new();
+    let mut work: Vec<(String, (Arc<NodeMaintenance>, Work))> = Vec::new();
+    for request in requests {
+        if request.is_deleting()
+            || request.phase() != Phase::Pending
+            || request
+                .uid()
+                .is_some_and(|uid| tracker.is_being_admitted(&uid) || tracker.has_write(&uid))
+        {
+            continue;
+        }
+        let is_new = lifecycle::never_marked_pending(request);
+        let created = request.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let owners = ownership::pending_owner_due(created, now)
+            .then(|| {
+                ownership::owner_references(
+                    request.owner_references(),
+                    node_identity(cache.node(&request.spec.node_name)),
+                )
+            })
+            .flatten();
+        if is_new || owners.is_some() {
+            let key = (request.namespace().unwrap_or_default(), request.name_any());
+            let reason = reasons.get(&key);
+            // The new ones get their first reason in this write: the caller records it as
+            // explained.
+            if let (true, Some((_, cause)), Some(uid)) = (is_new, reason, request.uid()) {
+                explained.push((uid, *cause));
+            }
+            let reason = reason.map_or("waiting for admission", |(reason, _)| reason.as_str());
+            if let Some(uid) = request.uid() {
+                work.push((
+                    uid,
+                    (Arc::clone(request), (is_new, owners, reason.to_string())),
+                ));
+            }
+        }
+    }
+    tracker.writes_sent(work.iter().map(|(uid, _)| uid.clone()));
+    spawn_writes(
+        myself,
+        work,
+        |ctx, (request, (is_new, owners, reason))| async move {
+            let result = async {
+                let mut request = match owners {
+                    Some(owners) => set_owners(&ctx, &request, &owners).await?,
+                    None => (*request).clone(),
+                };
+                if is_new {
+                    request = ctx
+                        .transition(&request, Phase::Pending, &reason, |_| {})
+                        .await?;
+                }
+                Ok::<NodeMaintenance, kube::Error>(request)
+            }
+            .await;
+            match result {
+                Ok(written) => written.resource_version(),
+                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
+                Err(err) => {
+                    tracing::warn!(request = %request.key(), %err, "could not set Pending or the node as owner");
+                    ctx.error("pending");
+                    None
+                }
+            }
+        },
+        |written| SupervisorMsg::Written { written },
+        ctx,
+    );
+    explained
+}
+
+/// Writes the owner references, guarded by the resourceVersion we read (a merge patch replaces
+/// the whole list, so a concurrent edit must fail rather than be overwritten).
+async fn set_owners(
+    ctx: &Context,
+    request: &NodeMaintenance,
+    owners: &[OwnerReference],
+) -> Result<NodeMaintenance, kube::Error> {
+    let api: Api<NodeMaintenance> =
+        Api::namespaced(ctx.client.clone(), &request.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": request.resource_version(),
+            "ownerReferences": owners,
+        }
+    });
+    api.patch(
+        &request.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+}
