@@ -126,10 +126,19 @@ fn hist(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
     HistogramOpts::new(format!("{PREFIX}_{name}"), help).buckets(buckets.to_vec())
 }
 
-impl Metrics {
-    pub fn new() -> Result<Metrics, MetricsError> {
-        let registry = Registry::new();
-        let m = Metrics {
+/// The request lifecycle's metrics: phases, transitions, admissions, adoptions, collection.
+struct RequestMetrics {
+    requests: IntGaugeVecByPhase,
+    phase_duration_seconds: HistogramVec,
+    phase_transitions_total: IntCounterVec,
+    requests_admitted_total: IntCounter,
+    requests_adopted_total: IntCounter,
+    requests_garbage_collected_total: IntCounterVec,
+}
+
+impl RequestMetrics {
+    fn new() -> Result<Self, MetricsError> {
+        Ok(RequestMetrics {
             requests: prometheus::IntGaugeVec::new(
                 opts("requests", "NodeMaintenance requests by phase"),
                 &["phase"],
@@ -149,6 +158,39 @@ impl Metrics {
                 ),
                 &["from", "to"],
             )?,
+            requests_admitted_total: IntCounter::with_opts(opts(
+                "requests_admitted_total",
+                "Requests moved from Pending to Scheduled",
+            ))?,
+            requests_adopted_total: IntCounter::with_opts(opts(
+                "requests_adopted_total",
+                "Requests left in progress by another operator (NVIDIA's) and adopted",
+            ))?,
+            requests_garbage_collected_total: IntCounterVec::new(
+                opts(
+                    "requests_garbage_collected_total",
+                    "Requests deleted by garbage collection, by cause",
+                ),
+                &["cause"],
+            )?,
+        })
+    }
+}
+
+/// The scheduling round's metrics: its runs, and the room under the limits at the last one.
+struct SchedulerMetrics {
+    scheduler_runs_total: IntCounter,
+    scheduler_run_duration_seconds: Histogram,
+    available_slots: IntGauge,
+    can_become_unavailable: IntGauge,
+    budget_available_slots: prometheus::IntGaugeVec,
+    budget_can_become_unavailable: prometheus::IntGaugeVec,
+    requests_waiting: prometheus::IntGaugeVec,
+}
+
+impl SchedulerMetrics {
+    fn new() -> Result<Self, MetricsError> {
+        Ok(SchedulerMetrics {
             scheduler_runs_total: IntCounter::with_opts(opts(
                 "scheduler_runs_total",
                 "Scheduling rounds run",
@@ -187,21 +229,25 @@ impl Metrics {
                 ),
                 &["cause"],
             )?,
-            requests_admitted_total: IntCounter::with_opts(opts(
-                "requests_admitted_total",
-                "Requests moved from Pending to Scheduled",
-            ))?,
-            requests_adopted_total: IntCounter::with_opts(opts(
-                "requests_adopted_total",
-                "Requests left in progress by another operator (NVIDIA's) and adopted",
-            ))?,
-            requests_garbage_collected_total: IntCounterVec::new(
-                opts(
-                    "requests_garbage_collected_total",
-                    "Requests deleted by garbage collection, by cause",
-                ),
-                &["cause"],
-            )?,
+        })
+    }
+}
+
+/// The drains' metrics: eviction calls, what PodDisruptionBudgets hold back, progress.
+struct DrainMetrics {
+    eviction_requests_total: IntCounterVec,
+    eviction_retries_total: IntCounter,
+    evictions_held_total: IntCounter,
+    evictions_queued: IntGauge,
+    pods_blocked_by_pdb: GaugeVec,
+    pods_force_deleted_total: IntCounterVec,
+    drain_duration_seconds: Histogram,
+    seconds_since_progress: GaugeVec,
+}
+
+impl DrainMetrics {
+    fn new() -> Result<Self, MetricsError> {
+        Ok(DrainMetrics {
             eviction_requests_total: IntCounterVec::new(
                 opts(
                     "eviction_requests_total",
@@ -247,6 +293,24 @@ impl Metrics {
                 ),
                 &["node"],
             )?,
+        })
+    }
+}
+
+/// The process's metrics: request actors, failed and bounded API calls, leadership, the webhook.
+struct ProcessMetrics {
+    node_actors: IntGauge,
+    actor_restarts_total: IntCounter,
+    errors_total: IntCounterVec,
+    leader: Gauge,
+    admission_reviews_total: IntCounterVec,
+    api_calls_in_flight: prometheus::IntGaugeVec,
+    api_calls_throttled_seconds_total: prometheus::CounterVec,
+}
+
+impl ProcessMetrics {
+    fn new() -> Result<Self, MetricsError> {
+        Ok(ProcessMetrics {
             node_actors: IntGauge::with_opts(opts(
                 "node_actors",
                 "Request actors running (one per request in progress)",
@@ -285,36 +349,114 @@ impl Metrics {
                 ),
                 &["client"],
             )?,
+        })
+    }
+}
+
+impl Metrics {
+    /// Every metric, registered, with the label sets known in advance exported at 0.
+    pub fn new() -> Result<Metrics, MetricsError> {
+        let RequestMetrics {
+            requests,
+            phase_duration_seconds,
+            phase_transitions_total,
+            requests_admitted_total,
+            requests_adopted_total,
+            requests_garbage_collected_total,
+        } = RequestMetrics::new()?;
+        let SchedulerMetrics {
+            scheduler_runs_total,
+            scheduler_run_duration_seconds,
+            available_slots,
+            can_become_unavailable,
+            budget_available_slots,
+            budget_can_become_unavailable,
+            requests_waiting,
+        } = SchedulerMetrics::new()?;
+        let DrainMetrics {
+            eviction_requests_total,
+            eviction_retries_total,
+            evictions_held_total,
+            evictions_queued,
+            pods_blocked_by_pdb,
+            pods_force_deleted_total,
+            drain_duration_seconds,
+            seconds_since_progress,
+        } = DrainMetrics::new()?;
+        let ProcessMetrics {
+            node_actors,
+            actor_restarts_total,
+            errors_total,
+            leader,
+            admission_reviews_total,
+            api_calls_in_flight,
+            api_calls_throttled_seconds_total,
+        } = ProcessMetrics::new()?;
+        let m = Metrics {
+            registry: Registry::new(),
+            requests,
+            phase_duration_seconds,
+            phase_transitions_total,
+            scheduler_runs_total,
+            scheduler_run_duration_seconds,
+            available_slots,
+            can_become_unavailable,
+            budget_available_slots,
+            budget_can_become_unavailable,
+            requests_waiting,
+            requests_admitted_total,
+            requests_adopted_total,
+            requests_garbage_collected_total,
+            eviction_requests_total,
+            eviction_retries_total,
+            evictions_held_total,
+            evictions_queued,
+            pods_blocked_by_pdb,
+            pods_force_deleted_total,
+            drain_duration_seconds,
+            seconds_since_progress,
+            node_actors,
+            actor_restarts_total,
+            errors_total,
+            leader,
+            admission_reviews_total,
+            api_calls_in_flight,
+            api_calls_throttled_seconds_total,
             blocked_by_pdb: Mutex::new(HashMap::new()),
             budget_series: Mutex::new(HashSet::new()),
-            registry,
         };
         m.register_all()?;
+        m.export_known_series();
+        Ok(m)
+    }
+
+    /// Creates the series of every label set known in advance (at 0), before any sample.
+    fn export_known_series(&self) {
         for phase in maintenance_crds::Phase::ALL {
-            m.requests.with_label_values(&[phase.as_str()]).set(0);
+            self.requests.with_label_values(&[phase.as_str()]).set(0);
         }
         for cause in maintenance_core::scheduler::WaitCause::ALL {
-            m.requests_waiting
+            self.requests_waiting
                 .with_label_values(&[cause.as_str()])
                 .set(0);
         }
         for cause in maintenance_core::collection::Cause::METRIC_LABELS {
-            m.requests_garbage_collected_total
+            self.requests_garbage_collected_total
                 .with_label_values(&[cause]);
         }
         for client in ApiClient::ALL {
-            m.api_calls_in_flight.with_label_values(&[client.as_str()]);
-            m.api_calls_throttled_seconds_total
+            self.api_calls_in_flight
+                .with_label_values(&[client.as_str()]);
+            self.api_calls_throttled_seconds_total
                 .with_label_values(&[client.as_str()]);
         }
         // Exported at 0 from the start, so that rate() and alerts see the first review.
         for operation in [Operation::Create, Operation::Update] {
             for verdict in Outcome::ALL {
-                m.admission_reviews_total
+                self.admission_reviews_total
                     .with_label_values(&[operation.as_str(), verdict.as_str()]);
             }
         }
-        Ok(m)
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
