@@ -197,6 +197,60 @@ impl RequestActorState {
         self.next_step_at = Some(at);
         myself.send_after(after, || RequestMsg::Step);
     }
+
+    /// Takes in what a message says; every message is followed by a step, which acts on it.
+    fn take_in(&mut self, msg: RequestMsg, now: jiff::Timestamp) {
+        match msg {
+            RequestMsg::Updated(request) => {
+                if lifecycle::is_newer_version(&request, &self.request) {
+                    self.request = request;
+                }
+            }
+            RequestMsg::Step => {
+                if self.next_step_at.is_some_and(|at| at <= Instant::now()) {
+                    self.next_step_at = None;
+                }
+            }
+            RequestMsg::PodsChanged => {
+                if let Some(watch) = &self.pods {
+                    watch.queued.store(false, Ordering::Release);
+                }
+            }
+            RequestMsg::PdbChanged { namespace, name } => {
+                // Every waiter is woken; the evictor's per-budget gate lets as many calls through
+                // as the budget allows and holds the rest without a call.
+                self.ledger.wake_blocked_by(&namespace, &name, now);
+            }
+            RequestMsg::Evicted {
+                key,
+                uid,
+                call,
+                outcome,
+            } => {
+                tracing::debug!(pod = %key, outcome = ?outcome, "eviction answered");
+                self.call_answered(&key, call);
+                self.ledger
+                    .record(&key, uid.as_deref(), outcome, now, rand::random::<f64>());
+            }
+            RequestMsg::RequestGone => self.gone = true,
+            RequestMsg::ForceDeleted {
+                key,
+                uid,
+                call,
+                outcome,
+            } => {
+                tracing::debug!(pod = %key, outcome = ?outcome, "deletion past the deadline answered");
+                self.call_answered(&key, call);
+                self.ledger.record_force_delete(
+                    &key,
+                    uid.as_deref(),
+                    outcome,
+                    now,
+                    rand::random::<f64>(),
+                );
+            }
+        }
+    }
 }
 
 impl Actor for RequestActor {
@@ -221,106 +275,75 @@ impl Actor for RequestActor {
         state: &mut RequestActorState,
     ) -> Result<(), ActorProcessingErr> {
         let now = jiff::Timestamp::now();
-        match msg {
-            RequestMsg::Updated(request) => {
-                if lifecycle::is_newer_version(&request, &state.request) {
-                    state.request = request;
-                }
-            }
-            RequestMsg::Step => {
-                if state.next_step_at.is_some_and(|at| at <= Instant::now()) {
-                    state.next_step_at = None;
-                }
-            }
-            RequestMsg::PodsChanged => {
-                if let Some(watch) = &state.pods {
-                    watch.queued.store(false, Ordering::Release);
-                }
-            }
-            RequestMsg::PdbChanged { namespace, name } => {
-                // Every waiter is woken; the evictor's per-budget gate lets as many calls through
-                // as the budget allows and holds the rest without a call.
-                state.ledger.wake_blocked_by(&namespace, &name, now);
-            }
-            RequestMsg::Evicted {
-                key,
-                uid,
-                call,
-                outcome,
-            } => {
-                tracing::debug!(pod = %key, outcome = ?outcome, "eviction answered");
-                state.call_answered(&key, call);
-                state
-                    .ledger
-                    .record(&key, uid.as_deref(), outcome, now, rand::random::<f64>());
-            }
-            RequestMsg::RequestGone => state.gone = true,
-            RequestMsg::ForceDeleted {
-                key,
-                uid,
-                call,
-                outcome,
-            } => {
-                tracing::debug!(pod = %key, outcome = ?outcome, "deletion past the deadline answered");
-                state.call_answered(&key, call);
-                state.ledger.record_force_delete(
-                    &key,
-                    uid.as_deref(),
-                    outcome,
-                    now,
-                    rand::random::<f64>(),
-                );
-            }
-        }
+        state.take_in(msg, now);
         match run_step(&myself, state).await {
             Ok(()) => state.consecutive_errors = 0,
-            Err(StepError { call, err }) => {
-                state.consecutive_errors += 1;
-                // A conflict: someone else wrote the object. Not found: the request (or its
-                // node) is gone. Either way the request is read again.
-                let stale = is_conflict(&err) || is_not_found(&err);
-                let delay = lifecycle::retry_after_failed_step(stale, state.consecutive_errors);
-                if stale {
-                    // Read it again and go on; a request that is gone meanwhile (our finalizer
-                    // was the last) needs nothing more.
-                    if !refresh(state).await {
-                        state.gone = true;
-                    }
-                    state.schedule_step(&myself, delay);
-                } else {
-                    let failure = failed_step::message(
-                        call,
-                        state.node(),
-                        api_status_code(&err),
-                        &api_message(&err),
-                        delay,
-                    );
-                    tracing::warn!(request = %state.key(), node = %state.node(), %failure, "maintenance step failed; retrying");
-                    state.ctx.error("node_step");
-                    if failed_step::reported(state.consecutive_errors) {
-                        let request = state.request.clone();
-                        state.ctx.event(
-                            &request,
-                            true,
-                            EventReason::StepFailed.as_str(),
-                            failure.clone(),
-                        );
-                    }
-                    if let Some(write) =
-                        lifecycle::status_after_failed_step(&state.request, &failure, now)
-                    {
-                        match state.ctx.apply_status_write(&state.request, &write).await {
-                            Ok(updated) => state.request = Arc::new(updated),
-                            Err(err) => {
-                                tracing::warn!(request = %state.key(), %err, "could not show the failed step in the status");
-                            }
-                        }
-                    }
-                    state.schedule_step(&myself, delay);
-                }
-            }
+            Err(failed) => retry_failed_step(&myself, state, failed, now).await,
         }
         Ok(())
+    }
+}
+
+/// A step failed: it runs again after a delay that grows with the failures in a row. A stale
+/// request is read again first; any other failure is reported.
+async fn retry_failed_step(
+    myself: &ActorRef<RequestMsg>,
+    state: &mut RequestActorState,
+    failed: StepError,
+    now: jiff::Timestamp,
+) {
+    let StepError { call, err } = failed;
+    state.consecutive_errors += 1;
+    // A conflict: someone else wrote the object. Not found: the request (or its node) is gone.
+    // Either way the request is read again.
+    let stale = is_conflict(&err) || is_not_found(&err);
+    let delay = lifecycle::retry_after_failed_step(stale, state.consecutive_errors);
+    if stale {
+        // Read it again and go on; a request that is gone meanwhile (our finalizer was the last)
+        // needs nothing more.
+        if !refresh(state).await {
+            state.gone = true;
+        }
+    } else {
+        report_failed_step(state, call, &err, delay, now).await;
+    }
+    state.schedule_step(myself, delay);
+}
+
+/// Tells of a failed step: in the log and the error metric always, in a Warning Event once it
+/// keeps failing, and in the request's status when the lifecycle says so.
+async fn report_failed_step(
+    state: &mut RequestActorState,
+    call: Option<StepCall>,
+    err: &kube::Error,
+    delay: Duration,
+    now: jiff::Timestamp,
+) {
+    let failure = failed_step::message(
+        call,
+        state.node(),
+        api_status_code(err),
+        &api_message(err),
+        delay,
+    );
+    tracing::warn!(request = %state.key(), node = %state.node(), %failure, "maintenance step failed; retrying");
+    state.ctx.error("node_step");
+    if failed_step::reported(state.consecutive_errors) {
+        let request = state.request.clone();
+        state.ctx.event(
+            &request,
+            true,
+            EventReason::StepFailed.as_str(),
+            failure.clone(),
+        );
+    }
+    if let Some(write) = lifecycle::status_after_failed_step(&state.request, &failure, now) {
+        match state.ctx.apply_status_write(&state.request, &write).await {
+            Ok(updated) => state.request = Arc::new(updated),
+            Err(err) => {
+                tracing::warn!(request = %state.key(), %err, "could not show the failed step in the status");
+            }
+        }
     }
 }
 
@@ -379,42 +402,10 @@ async fn run_step(
         call: Some(StepCall::ReadNode),
         err,
     })?;
-    // Only to name the budgets in the status: a lookup that fails must not hold the step (a
-    // deletion's uncordon, a gone node's release); the next step looks again.
-    for key in state.ledger.needs_covering_pdbs() {
-        let Some(pod) = state.pods.as_ref().and_then(|watch| {
-            watch
-                .store
-                .find(|p| drain_plan::PodRef::from_pod(p).key() == key)
-        }) else {
-            continue;
-        };
-        let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        match covering_pdbs(&state.ctx, &namespace, &labels).await {
-            Ok(pdbs) => state.ledger.set_covering_pdbs(&key, pdbs),
-            Err(err) => {
-                tracing::warn!(request = %state.key(), pod = %key, %err, "could not look up the PodDisruptionBudgets of a pod that several select");
-                break;
-            }
-        }
-    }
+    look_up_covering_pdbs(state).await;
     // The drain reads the cached pods as they are (shared, not copied).
-    let pods: Option<Vec<Arc<CachedPod>>> = state.pods.as_ref().and_then(|watch| {
-        watch
-            .synced
-            .load(Ordering::Acquire)
-            .then(|| watch.store.state())
-    });
-    let pdb_summaries: BTreeMap<String, String> = state
-        .ledger
-        .pdbs_waited_on()
-        .into_iter()
-        .filter_map(|(namespace, name)| {
-            let summary = state.ctx.pdbs.current(&namespace, &name)?;
-            Some((format!("{namespace}/{name}"), summary.to_string()))
-        })
-        .collect();
+    let pods = cached_pods(state);
+    let pdb_summaries = pdb_summaries(state);
     let observed = Observed {
         node,
         pods: pods.as_deref(),
@@ -443,27 +434,13 @@ async fn run_step(
     let executed = execute(myself, state, &step).await;
     // Whether or not every action ran: orders that never started are due again, and calls the
     // ledger no longer waits for are cancelled.
-    let running: BTreeSet<String> = state.calls.keys().cloned().collect();
-    for key in state.ledger.settle_calls(&running, jiff::Timestamp::now()) {
-        state.calls.remove(&key);
-    }
+    settle_calls(state);
     // The gauges too: a step that keeps failing must show its drain's lack of progress.
     sync_pdb_subscriptions(myself, state);
     report_metrics(state, step.last_progress);
     executed?;
     if step.finished {
-        let end = if state.gone {
-            tracing::warn!(request = %state.key(), node = %state.node(), "the request went without our cleanup; what it did to the node is undone");
-            RunEnd::RequestGone
-        } else {
-            tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished");
-            RunEnd::Finished {
-                version: state.request.resource_version(),
-                node_gone: node == NodeView::Missing,
-            }
-        };
-        let _ = state.end.set(end);
-        myself.stop(Some(MAINTENANCE_FINISHED.into()));
+        finish(myself, state, node);
         return Ok(());
     }
     if let Some(at) = step.wake_at {
@@ -476,6 +453,77 @@ async fn run_step(
         let _ = myself.cast(RequestMsg::Step);
     }
     Ok(())
+}
+
+/// Names the budgets of the pods that several select, for the status. Only for that: a lookup
+/// that fails must not hold the step (a deletion's uncordon, a gone node's release); the next
+/// step looks again.
+async fn look_up_covering_pdbs(state: &mut RequestActorState) {
+    for key in state.ledger.needs_covering_pdbs() {
+        let Some(pod) = state.pods.as_ref().and_then(|watch| {
+            watch
+                .store
+                .find(|p| drain_plan::PodRef::from_pod(p).key() == key)
+        }) else {
+            continue;
+        };
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        match covering_pdbs(&state.ctx, &namespace, &labels).await {
+            Ok(pdbs) => state.ledger.set_covering_pdbs(&key, pdbs),
+            Err(err) => {
+                tracing::warn!(request = %state.key(), pod = %key, %err, "could not look up the PodDisruptionBudgets of a pod that several select");
+                break;
+            }
+        }
+    }
+}
+
+/// The pods on the node once the watch listed them all (before that, none says nothing).
+fn cached_pods(state: &RequestActorState) -> Option<Vec<Arc<CachedPod>>> {
+    state.pods.as_ref().and_then(|watch| {
+        watch
+            .synced
+            .load(Ordering::Acquire)
+            .then(|| watch.store.state())
+    })
+}
+
+/// The current state of each budget the drain waits on, by `namespace/name`, for the status.
+fn pdb_summaries(state: &RequestActorState) -> BTreeMap<String, String> {
+    state
+        .ledger
+        .pdbs_waited_on()
+        .into_iter()
+        .filter_map(|(namespace, name)| {
+            let summary = state.ctx.pdbs.current(&namespace, &name)?;
+            Some((format!("{namespace}/{name}"), summary.to_string()))
+        })
+        .collect()
+}
+
+/// Tells the ledger which calls still run; those it no longer waits for are cancelled.
+fn settle_calls(state: &mut RequestActorState) {
+    let running: BTreeSet<String> = state.calls.keys().cloned().collect();
+    for key in state.ledger.settle_calls(&running, jiff::Timestamp::now()) {
+        state.calls.remove(&key);
+    }
+}
+
+/// The request needs nothing more: leaves how the run ended for the supervisor, and stops.
+fn finish(myself: &ActorRef<RequestMsg>, state: &RequestActorState, node: NodeView) {
+    let end = if state.gone {
+        tracing::warn!(request = %state.key(), node = %state.node(), "the request went without our cleanup; what it did to the node is undone");
+        RunEnd::RequestGone
+    } else {
+        tracing::info!(request = %state.key(), node = %state.node(), "maintenance finished");
+        RunEnd::Finished {
+            version: state.request.resource_version(),
+            node_gone: node == NodeView::Missing,
+        }
+    };
+    let _ = state.end.set(end);
+    myself.stop(Some(MAINTENANCE_FINISHED.into()));
 }
 
 /// Sets one annotation, guarded by the resourceVersion the step saw, and keeps the new version.
