@@ -11,6 +11,7 @@ use maintenance_actors::pdb_watch::PdbWatches;
 use maintenance_actors::supervisor::Supervisor;
 use maintenance_actors::watch_connections::WatchConnections;
 use ractor::Actor;
+use tokio::task::JoinHandle;
 
 use crate::api_calls::{bounded_client, pod_watch_client, speaks_http2};
 use crate::http::{self, Probes};
@@ -162,72 +163,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         anyhow::anyhow!("cannot find a Kubernetes config (in-cluster or KUBECONFIG): {err}")
     })?;
     let metrics = Arc::new(Metrics::new()?);
-    let max_in_flight = usize::try_from(args.max_concurrent_api_calls)?;
-    let client = bounded_client(config.clone(), max_in_flight, &metrics, ApiClient::Main)?;
-    let mut eviction_config = config.clone();
-    // A PDB's 429 must reach us at once, not be retried away inside the client.
-    eviction_config.default_retry = false;
-    let eviction_client = bounded_client(
-        eviction_config,
-        max_in_flight,
-        &metrics,
-        ApiClient::Evictions,
-    )?;
-    // One cluster-wide PDB watch for the evictor's per-budget gate and the request actors.
-    let pdbs = PdbWatches::new(client.clone());
-    let evictor = Evictor::new(
-        eviction_client,
-        EvictionRate {
-            per_second: maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND,
-            burst: maintenance_crds::DEFAULT_EVICTION_BURST,
-        },
-        metrics.clone(),
-        pdbs.store(),
-        max_in_flight,
-    );
-    let mut ctx = Context::new(
-        client,
-        evictor,
-        pdbs,
-        metrics.clone(),
-        args.namespace.clone(),
-        args.pod_name.clone(),
-        Duration::from_secs(args.tick_seconds.max(1)),
-    );
-    ctx.pod_watches = pod_watches(&config, max_in_flight, &metrics, &ctx.client).await?;
+    let mut ctx = context(&args, &config, &metrics).await?;
     ctx.set_log_level = set_log_level;
-    ctx.missing_node_grace = Duration::from_secs(args.missing_node_grace_seconds);
     let ctx = Arc::new(ctx);
+    let mut server = spawn_servers(&args, &ctx, &metrics).await?;
 
-    let probe_ctx = ctx.clone();
-    let standby = args.leader_elect;
-    let probes = Arc::new(Probes {
-        metrics: metrics.clone(),
-        // A standby is ready: it is doing its job (waiting), and must not block a rollout.
-        ready: Box::new(move || probe_ctx.is_synced() || (standby && !probe_ctx.is_leading())),
-    });
-    // Every replica serves the webhook, standbys too: the API server calls any pod of the Service.
-    let webhook =
-        crate::webhook::Webhook::from_args(&args.webhook, ctx.client.clone(), metrics.clone())
-            .await?;
-    let mut server = tokio::spawn(crate::webhook::serve_beside(
-        http::serve(args.metrics_addr, probes),
-        webhook,
-    ));
-
-    let elector = args.leader_elect.then(|| {
-        let identity = args
-            .pod_name
-            .clone()
-            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
-        Arc::new(LeaderElector::new(
-            ctx.client.clone(),
-            args.lease_namespace.as_deref().unwrap_or(&args.namespace),
-            &args.lease_name,
-            identity,
-            Duration::from_secs(args.lease_duration_seconds.max(2)),
-        ))
-    });
+    let elector = leader_elector(&args, &ctx);
     if let Some(elector) = &elector {
         tracing::info!(identity = %elector.identity(), lease = %elector.describe(), "waiting to become leader");
         tokio::select! {
@@ -238,22 +179,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     ctx.set_leading(true);
     metrics.leader.set(1.0);
-    // The lease is renewed from now on, in a task of its own: the supervisor's start waits for
-    // full lists of requests and nodes, which take longer than the renew deadline in a big
-    // cluster, and a renewal that only began after them would find the deadline passed and give
-    // up at once (a crash loop that never lets a standby in either).
-    let mut renewal = tokio::spawn({
-        let elector = elector.clone();
-        async move {
-            match elector {
-                Some(elector) => elector.hold().await,
-                None => std::future::pending().await,
-            }
-        }
-    });
-    let lost = |ended: Result<String, tokio::task::JoinError>| {
-        ended.unwrap_or_else(|err| format!("the lease renewal stopped: {err}"))
-    };
+    // Renewed from now on, not once the supervisor's long start is over.
+    let mut renewal = spawn_renewal(elector.clone());
 
     tracing::info!(namespace = %args.namespace, "starting supervisor");
     let started = tokio::select! {
@@ -293,6 +220,109 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The engine's context: the API clients (the main one, the evictions' one, the pod watches'),
+/// the cluster-wide PDB watch and the evictor, each call bounded by --max-concurrent-api-calls.
+async fn context(
+    args: &RunArgs,
+    config: &kube::Config,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Context> {
+    let max_in_flight = usize::try_from(args.max_concurrent_api_calls)?;
+    let client = bounded_client(config.clone(), max_in_flight, metrics, ApiClient::Main)?;
+    let mut eviction_config = config.clone();
+    // A PDB's 429 must reach us at once, not be retried away inside the client.
+    eviction_config.default_retry = false;
+    let eviction_client = bounded_client(
+        eviction_config,
+        max_in_flight,
+        metrics,
+        ApiClient::Evictions,
+    )?;
+    // One cluster-wide PDB watch for the evictor's per-budget gate and the request actors.
+    let pdbs = PdbWatches::new(client.clone());
+    let evictor = Evictor::new(
+        eviction_client,
+        EvictionRate {
+            per_second: maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND,
+            burst: maintenance_crds::DEFAULT_EVICTION_BURST,
+        },
+        metrics.clone(),
+        pdbs.store(),
+        max_in_flight,
+    );
+    let mut ctx = Context::new(
+        client,
+        evictor,
+        pdbs,
+        metrics.clone(),
+        args.namespace.clone(),
+        args.pod_name.clone(),
+        Duration::from_secs(args.tick_seconds.max(1)),
+    );
+    ctx.pod_watches = pod_watches(config, max_in_flight, metrics, &ctx.client).await?;
+    ctx.missing_node_grace = Duration::from_secs(args.missing_node_grace_seconds);
+    Ok(ctx)
+}
+
+/// Starts /metrics, the probes and the webhook. Every replica serves them, standbys too: the API
+/// server calls any pod of the webhook's Service.
+async fn spawn_servers(
+    args: &RunArgs,
+    ctx: &Arc<Context>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
+    let probe_ctx = ctx.clone();
+    let standby = args.leader_elect;
+    let probes = Arc::new(Probes {
+        metrics: metrics.clone(),
+        // A standby is ready: it is doing its job (waiting), and must not block a rollout.
+        ready: Box::new(move || probe_ctx.is_synced() || (standby && !probe_ctx.is_leading())),
+    });
+    let webhook =
+        crate::webhook::Webhook::from_args(&args.webhook, ctx.client.clone(), metrics.clone())
+            .await?;
+    Ok(tokio::spawn(crate::webhook::serve_beside(
+        http::serve(args.metrics_addr, probes),
+        webhook,
+    )))
+}
+
+/// The elector of the Lease, with --leader-elect; without it this process leads at once.
+fn leader_elector(args: &RunArgs, ctx: &Context) -> Option<Arc<LeaderElector>> {
+    args.leader_elect.then(|| {
+        let identity = args
+            .pod_name
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+        Arc::new(LeaderElector::new(
+            ctx.client.clone(),
+            args.lease_namespace.as_deref().unwrap_or(&args.namespace),
+            &args.lease_name,
+            identity,
+            Duration::from_secs(args.lease_duration_seconds.max(2)),
+        ))
+    })
+}
+
+/// Renews the lease from now on, in a task of its own; it ends (with why) only when leadership
+/// is lost, and never without an elector. The supervisor's start waits for full lists of
+/// requests and nodes, which take longer than the renew deadline in a big cluster, and a renewal
+/// that only began after them would find the deadline passed and give up at once (a crash loop
+/// that never lets a standby in either).
+fn spawn_renewal(elector: Option<Arc<LeaderElector>>) -> JoinHandle<String> {
+    tokio::spawn(async move {
+        match elector {
+            Some(elector) => elector.hold().await,
+            None => std::future::pending().await,
+        }
+    })
+}
+
+/// Why leadership was lost, from the renewal task's end.
+fn lost(ended: Result<String, tokio::task::JoinError>) -> String {
+    ended.unwrap_or_else(|err| format!("the lease renewal stopped: {err}"))
 }
 
 async fn shutdown_signal() {
