@@ -166,16 +166,9 @@ async fn watch(
     requestor: Option<&str>,
     nodes: &[String],
 ) -> anyhow::Result<Outcome> {
-    let started = Instant::now();
-    let mut board = Board::new(0, nodes.iter().map(String::as_str));
-    let mut requests: BTreeMap<String, NodeMaintenance> = BTreeMap::new();
-    let mut init: Option<BTreeMap<String, NodeMaintenance>> = None;
-    let mut synced = false;
-    // Requests whose Ready line was printed.
-    let mut reported_ready: BTreeSet<String> = BTreeSet::new();
+    let mut screen = WatchScreen::new(nodes);
+    let mut watched = WatchedRequests::default();
     let mut last_error = String::new();
-    // Requests that had a bar (or line) at the last event.
-    let mut shown: BTreeSet<String> = BTreeSet::new();
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -185,8 +178,8 @@ async fn watch(
         let event = tokio::select! {
             event = events.next() => event,
             _ = &mut ctrl_c => {
-                board.finish();
-                println!("Stopped watching after {}.", human_duration(started.elapsed()));
+                screen.board.finish();
+                println!("Stopped watching after {}.", human_duration(screen.started.elapsed()));
                 return Ok(Outcome::Success);
             }
         };
@@ -195,96 +188,156 @@ async fn watch(
             Some(Err(err)) => {
                 let text = err.to_string();
                 if text != last_error {
-                    board.line(&format!(
+                    screen.board.line(&format!(
                         "warning: watch of NodeMaintenances in {scope}: {text} (retrying)"
                     ));
                     last_error = text;
                 }
                 continue;
             }
-            Some(Ok(event)) => match event {
-                watcher::Event::Init => init = Some(BTreeMap::new()),
-                watcher::Event::InitApply(nm) => {
-                    if let Some(buffer) = init.as_mut() {
-                        buffer.insert(nm.key(), nm);
-                    }
-                }
-                watcher::Event::InitDone => {
-                    if let Some(buffer) = init.take() {
-                        requests = buffer;
-                    }
-                    synced = true;
-                }
-                watcher::Event::Apply(nm) => {
-                    requests.insert(nm.key(), nm);
-                }
-                watcher::Event::Delete(nm) => {
-                    requests.remove(&nm.key());
-                }
-            },
+            Some(Ok(event)) => watched.apply(event),
         }
-        if !synced {
+        if !watched.synced {
             continue;
         }
-        let views = sorted_views(requests.values(), requestor);
-        let keys: BTreeSet<String> = views
-            .iter()
-            .map(|v| format!("{}/{}", v.namespace, v.name))
-            .collect();
-        // Requests gone since the last event lose their bar.
-        for key in shown.difference(&keys) {
-            board.node_finished(key, None);
-        }
-        reported_ready.retain(|key| keys.contains(key));
-        let (mut ready, mut pending, mut active) = (0u64, 0u64, 0u64);
-        for view in &views {
-            let key = format!("{}/{}", view.namespace, view.name);
-            if view.is_ready() {
-                ready += 1;
-                if !reported_ready.contains(&key) {
-                    let line = format!(
-                        "✓ {} Ready ({}, after {})",
-                        view.node,
-                        key,
-                        human_duration(started.elapsed())
-                    );
-                    board.node_finished(&key, Some(&line));
-                    reported_ready.insert(key);
-                }
-                continue;
-            }
-            reported_ready.remove(&key);
-            if view.phase == Phase::Pending && !view.deleting {
-                pending += 1;
-                board.node_finished(&key, None);
-            } else {
-                active += 1;
-                board.node(&key, &view.node, view.percent(), view.summary());
-            }
-        }
-        shown = keys;
-        board.notes(&pending_notes(
-            &pending_reasons(requests.values(), requestor),
+        let views = sorted_views(watched.requests.values(), requestor);
+        let Tally {
+            ready,
+            pending,
+            active,
+        } = screen.show(&views);
+        screen.board.notes(&pending_notes(
+            &pending_reasons(watched.requests.values(), requestor),
             MAX_PENDING_LINES,
         ));
         let total = views.len() as u64;
-        board.overall(
+        screen.board.overall(
             ready,
             total,
             format!("Ready · {active} in progress · {pending} Pending"),
         );
         if ready == total {
-            board.finish();
+            screen.board.finish();
             if total == 0 {
                 println!("No NodeMaintenance requests left in {scope}.");
             } else {
                 println!(
                     "All {total} requests Ready after {}.",
-                    human_duration(started.elapsed())
+                    human_duration(screen.started.elapsed())
                 );
             }
             return Ok(Outcome::Success);
         }
+    }
+}
+
+/// The requests as the watch shows them, by `namespace/name`.
+#[derive(Default)]
+struct WatchedRequests {
+    requests: BTreeMap<String, NodeMaintenance>,
+    /// A relist under way: it replaces `requests` once complete.
+    init: Option<BTreeMap<String, NodeMaintenance>>,
+    /// The first list was complete: before that, `requests` says nothing.
+    synced: bool,
+}
+
+impl WatchedRequests {
+    fn apply(&mut self, event: watcher::Event<NodeMaintenance>) {
+        match event {
+            watcher::Event::Init => self.init = Some(BTreeMap::new()),
+            watcher::Event::InitApply(nm) => {
+                if let Some(buffer) = self.init.as_mut() {
+                    buffer.insert(nm.key(), nm);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(buffer) = self.init.take() {
+                    self.requests = buffer;
+                }
+                self.synced = true;
+            }
+            watcher::Event::Apply(nm) => {
+                self.requests.insert(nm.key(), nm);
+            }
+            watcher::Event::Delete(nm) => {
+                self.requests.remove(&nm.key());
+            }
+        }
+    }
+}
+
+/// The requests of one `status --watch` event, by where they are.
+struct Tally {
+    ready: u64,
+    pending: u64,
+    active: u64,
+}
+
+/// What `status --watch` shows, and what it showed at the last event.
+struct WatchScreen {
+    board: Board,
+    started: Instant,
+    /// Requests whose Ready line was printed.
+    reported_ready: BTreeSet<String>,
+    /// Requests that had a bar (or line) at the last event.
+    shown: BTreeSet<String>,
+}
+
+impl WatchScreen {
+    fn new(nodes: &[String]) -> WatchScreen {
+        WatchScreen {
+            board: Board::new(0, nodes.iter().map(String::as_str)),
+            started: Instant::now(),
+            reported_ready: BTreeSet::new(),
+            shown: BTreeSet::new(),
+        }
+    }
+
+    /// Shows `views`: a bar per request in progress, a line once per request that became Ready;
+    /// requests gone or Pending lose their bar.
+    fn show(&mut self, views: &[RequestView]) -> Tally {
+        let keys: BTreeSet<String> = views
+            .iter()
+            .map(|v| format!("{}/{}", v.namespace, v.name))
+            .collect();
+        // Requests gone since the last event lose their bar.
+        for key in self.shown.difference(&keys) {
+            self.board.node_finished(key, None);
+        }
+        self.reported_ready.retain(|key| keys.contains(key));
+        let mut tally = Tally {
+            ready: 0,
+            pending: 0,
+            active: 0,
+        };
+        for view in views {
+            let key = format!("{}/{}", view.namespace, view.name);
+            if view.is_ready() {
+                tally.ready += 1;
+                if !self.reported_ready.contains(&key) {
+                    let line = format!(
+                        "✓ {} Ready ({}, after {})",
+                        view.node,
+                        key,
+                        human_duration(self.started.elapsed())
+                    );
+                    self.board.node_finished(&key, Some(&line));
+                    self.reported_ready.insert(key);
+                }
+                continue;
+            }
+            self.reported_ready.remove(&key);
+            if view.phase == Phase::Pending && !view.deleting {
+                tally.pending += 1;
+                self.board.node_finished(&key, None);
+            } else {
+                tally.active += 1;
+                self.board
+                    .node(&key, &view.node, view.percent(), view.summary());
+            }
+        }
+        self.shown = keys;
+        tally
     }
 }
 
