@@ -619,13 +619,7 @@ async fn matching_nodes(client: &Client, selector: &str) -> anyhow::Result<Vec<N
 }
 
 pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outcome> {
-    args.flags.validate()?;
-    if args.requestor.trim().is_empty() {
-        bail!("--requestor must not be empty: name who asks, e.g. --requestor upgrade.example.com");
-    }
-    if args.selector.trim().is_empty() {
-        bail!("--selector must not be empty: name the nodes, e.g. --selector pool=gpu");
-    }
+    validate(&args)?;
     let started = Instant::now();
     let (client, namespace) = connect(global).await?;
     let nodes_api: Api<Node> = Api::all(client.clone());
@@ -633,33 +627,17 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
     let marker = done_annotation(&args.requestor);
     let prefix = args.flags.prefix(&args.requestor);
     let label = rollout_label_value(&args.requestor);
-
-    let mut nodes = matching_nodes(&client, &args.selector).await?;
-    if args.restart {
-        clear_marks(&nodes_api, &nodes, &marker)
-            .await
-            .map_err(|err| {
-                anyhow::anyhow!("cannot remove the done-marks ({marker}) for --restart: {err}")
-            })?;
-        nodes = matching_nodes(&client, &args.selector).await?;
-    }
-    let existing: HashMap<String, NodeMaintenance> = requests_api
-        .list(&ListParams::default())
-        .await
-        .map_err(|err| api_error(err, &format!("list NodeMaintenances in {namespace}")))?
-        .items
-        .into_iter()
-        .map(|nm| (nm.name_any(), nm))
-        .collect();
+    let nodes = nodes_to_maintain(&client, &nodes_api, &args, &marker).await?;
+    let existing = existing_requests(&requests_api, &namespace).await?;
 
     let now = Instant::now();
     let names: Vec<String> = nodes.iter().map(ResourceExt::name_any).collect();
     let mut rollout = Rollout {
-        namespace: namespace.clone(),
-        nodes_api: nodes_api.clone(),
-        requests_api: requests_api.clone(),
-        marker: marker.clone(),
-        label: label.clone(),
+        namespace,
+        nodes_api,
+        requests_api,
+        marker,
+        label,
         tracks: Vec::new(),
         by_request: HashMap::new(),
         tasks: JoinSet::new(),
@@ -673,64 +651,137 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
         done_before: 0,
         args,
     };
-    let (mut done_before, mut picked_up) = (0, 0);
-    for node in &nodes {
-        let name = node.name_any();
-        let request = request_name(&prefix, &name);
-        let marked = node.annotations().get(&marker).map(String::as_str) == Some(DONE_VALUE);
-        let existing = existing.get(&request);
-        let state = match (marked, existing) {
-            (true, None) => {
-                done_before += 1;
-                State::Done
-            }
-            // Marked, but the request was not deleted yet: finish the release below.
-            (true, Some(_)) => State::Releasing,
-            (false, Some(nm)) if !nm.is_deleting() => {
-                picked_up += 1;
-                State::Requested
-            }
-            _ => State::Queued,
-        };
-        rollout
-            .by_request
-            .insert(request.clone(), rollout.tracks.len());
-        rollout.tracks.push(Track {
-            node: name,
-            request,
-            seen: existing.is_some(),
-            view: existing.map(RequestView::of),
-            state,
-            since: now,
-            ready_after: None,
-            exec_started: None,
-        });
-    }
-    rollout.done_before = done_before;
-    let to_request = rollout.count(&State::Queued);
-    let pace = match rollout.args.max_in_flight {
-        Some(n) => format!("at most {n} at a time, within the operator's limits"),
-        None => "the operator's limits set the pace".to_string(),
-    };
-    rollout.board.line(&format!(
-        "Rollout of {} nodes (selector {}) for {} in namespace {namespace}: {done_before} already \
-         done, {} picked up, {to_request} to request; {pace}.",
-        nodes.len(),
-        rollout.args.selector,
-        rollout.args.requestor,
-        plural(picked_up, "request", "requests"),
-    ));
-    for index in 0..rollout.tracks.len() {
-        if rollout.tracks[index].state == State::Releasing {
-            rollout.start_release(index);
-        }
-    }
-    rollout.fill();
-    rollout.draw_overall();
+    let picked_up = rollout.add_tracks(&nodes, &existing, &prefix, now);
+    rollout.announce(picked_up);
+    rollout.start();
 
     let outcome = drive(&mut rollout).await?;
     rollout.board.finish();
     report(&mut rollout, outcome).await
+}
+
+/// What a rollout cannot start without.
+fn validate(args: &RolloutArgs) -> anyhow::Result<()> {
+    args.flags.validate()?;
+    if args.requestor.trim().is_empty() {
+        bail!("--requestor must not be empty: name who asks, e.g. --requestor upgrade.example.com");
+    }
+    if args.selector.trim().is_empty() {
+        bail!("--selector must not be empty: name the nodes, e.g. --selector pool=gpu");
+    }
+    Ok(())
+}
+
+/// The nodes of --selector; with --restart, their done-marks are removed first.
+async fn nodes_to_maintain(
+    client: &Client,
+    nodes_api: &Api<Node>,
+    args: &RolloutArgs,
+    marker: &str,
+) -> anyhow::Result<Vec<Node>> {
+    let nodes = matching_nodes(client, &args.selector).await?;
+    if !args.restart {
+        return Ok(nodes);
+    }
+    clear_marks(nodes_api, &nodes, marker)
+        .await
+        .map_err(|err| {
+            anyhow::anyhow!("cannot remove the done-marks ({marker}) for --restart: {err}")
+        })?;
+    matching_nodes(client, &args.selector).await
+}
+
+/// The NodeMaintenances of the namespace, by name: those of an earlier run are picked up.
+async fn existing_requests(
+    requests_api: &Api<NodeMaintenance>,
+    namespace: &str,
+) -> anyhow::Result<HashMap<String, NodeMaintenance>> {
+    Ok(requests_api
+        .list(&ListParams::default())
+        .await
+        .map_err(|err| api_error(err, &format!("list NodeMaintenances in {namespace}")))?
+        .items
+        .into_iter()
+        .map(|nm| (nm.name_any(), nm))
+        .collect())
+}
+
+impl Rollout {
+    /// A track per node, where an earlier run left it: done (marked, request gone), releasing
+    /// (marked, request still there), requested (its request picked up) or queued. Counts the
+    /// nodes done before; returns how many requests were picked up.
+    fn add_tracks(
+        &mut self,
+        nodes: &[Node],
+        existing: &HashMap<String, NodeMaintenance>,
+        prefix: &str,
+        now: Instant,
+    ) -> usize {
+        let (mut done_before, mut picked_up) = (0, 0);
+        for node in nodes {
+            let name = node.name_any();
+            let request = request_name(prefix, &name);
+            let marked =
+                node.annotations().get(&self.marker).map(String::as_str) == Some(DONE_VALUE);
+            let existing = existing.get(&request);
+            let state = match (marked, existing) {
+                (true, None) => {
+                    done_before += 1;
+                    State::Done
+                }
+                // Marked, but the request was not deleted yet: finish the release below.
+                (true, Some(_)) => State::Releasing,
+                (false, Some(nm)) if !nm.is_deleting() => {
+                    picked_up += 1;
+                    State::Requested
+                }
+                _ => State::Queued,
+            };
+            self.by_request.insert(request.clone(), self.tracks.len());
+            self.tracks.push(Track {
+                node: name,
+                request,
+                seen: existing.is_some(),
+                view: existing.map(RequestView::of),
+                state,
+                since: now,
+                ready_after: None,
+                exec_started: None,
+            });
+        }
+        self.done_before = done_before;
+        picked_up
+    }
+
+    /// The first line: how many nodes, how many done, picked up and to request, and the pace.
+    fn announce(&mut self, picked_up: usize) {
+        let to_request = self.count(&State::Queued);
+        let pace = match self.args.max_in_flight {
+            Some(n) => format!("at most {n} at a time, within the operator's limits"),
+            None => "the operator's limits set the pace".to_string(),
+        };
+        self.board.line(&format!(
+            "Rollout of {} nodes (selector {}) for {} in namespace {}: {} already done, {} picked \
+             up, {to_request} to request; {pace}.",
+            self.tracks.len(),
+            self.args.selector,
+            self.args.requestor,
+            self.namespace,
+            self.done_before,
+            plural(picked_up, "request", "requests"),
+        ));
+    }
+
+    /// Finishes the releases an earlier run left, and creates the first requests.
+    fn start(&mut self) {
+        for index in 0..self.tracks.len() {
+            if self.tracks[index].state == State::Releasing {
+                self.start_release(index);
+            }
+        }
+        self.fill();
+        self.draw_overall();
+    }
 }
 
 /// The event loop: watch events, finished tasks, Ctrl-C and the stall hint.
