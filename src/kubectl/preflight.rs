@@ -245,8 +245,8 @@ pub fn check_node(
 ) -> NodeReport {
     let mut findings = Vec::new();
     let mut to_evict = 0;
-    // Evicted pods per workload, for the all-replicas check: (workload, pods, any PDB covers).
-    let mut per_workload: BTreeMap<String, (Workload, Vec<String>, bool)> = BTreeMap::new();
+    // Evicted pods per workload, for the all-replicas check.
+    let mut per_workload: BTreeMap<String, EvictedReplicas> = BTreeMap::new();
     let mut sorted: Vec<&Pod> = pods.iter().collect();
     sorted.sort_by_key(|pod| pod_key(pod));
     for pod in sorted {
@@ -259,145 +259,26 @@ pub fn check_node(
         to_evict += 1;
         let controller = controller_key(pod);
         let workload = controller.as_ref().and_then(|c| facts.workloads.get(c));
-        let mut finding = |severity, check, message: String| {
-            findings.push(Finding {
-                pod: key.clone(),
-                severity,
-                check,
-                message,
-            })
-        };
-
-        match disposition {
-            PodDisposition::Blocked(reason) => {
-                if reason.needs_force() {
-                    finding(
-                        Severity::Block,
-                        "NeedsForce",
-                        "no controller would recreate it: a drain waits for --force (with which \
-                         the pod is deleted for good)"
-                            .to_string(),
-                    );
-                }
-                if reason.needs_delete_empty_dir() {
-                    finding(
-                        Severity::Block,
-                        "NeedsDeleteEmptyDir",
-                        "it has an emptyDir volume: a drain waits for --delete-emptydir (with \
-                         which its data is lost)"
-                            .to_string(),
-                    );
-                }
-            }
-            // Evicted thanks to the flags given: say what they cost.
-            _ => {
-                let flags = required_flags(pod);
-                if flags.is_some_and(|f| f.needs_force()) {
-                    finding(
-                        Severity::Warn,
-                        "NoController",
-                        "no controller would recreate it: --force deletes it for good".to_string(),
-                    );
-                }
-                if flags.is_some_and(|f| f.needs_delete_empty_dir()) {
-                    finding(
-                        Severity::Warn,
-                        "EmptyDirDataLoss",
-                        "--delete-emptydir evicts it and the data of its emptyDir volume is lost"
-                            .to_string(),
-                    );
-                }
-            }
-        }
-
         let covering = covering_pdbs(pod, &facts.pdbs);
-        match covering.as_slice() {
-            [] => {}
-            [pdb] => {
-                let status = pdb.status.as_ref();
-                if let Some(why) = never_allows(pdb, workload) {
-                    let fix = match workload {
-                        Some(w) => format!(
-                            "lower its minAvailable (or allow maxUnavailable 1), or scale {} up",
-                            w.describe()
-                        ),
-                        None => "lower its minAvailable (or allow maxUnavailable 1)".to_string(),
-                    };
-                    finding(
-                        Severity::Block,
-                        "PDBNeverAllows",
-                        format!("PodDisruptionBudget {}: {why}; {fix}", pdb_key(pdb)),
-                    );
-                } else if let Some(status) =
-                    status.filter(|s| s.disruptions_allowed.is_some_and(|n| n <= 0))
-                {
-                    finding(
-                        Severity::Block,
-                        "PDBAllowsNone",
-                        format!(
-                            "PodDisruptionBudget {} allows 0 disruptions now (currentHealthy {}, \
-                             desiredHealthy {}, expectedPods {}): a drain waits until more of \
-                             its pods are healthy",
-                            pdb_key(pdb),
-                            status.current_healthy.unwrap_or_default(),
-                            status.desired_healthy.unwrap_or_default(),
-                            status.expected_pods.unwrap_or_default()
-                        ),
-                    );
-                }
-            }
-            several => {
-                let names: Vec<String> = several.iter().map(|pdb| pdb_key(pdb)).collect();
-                finding(
-                    Severity::Block,
-                    "MultiplePDBs",
-                    format!(
-                        "selected by {} PodDisruptionBudgets ({}): the Eviction API refuses to \
-                         evict it; make exactly one select the pod",
-                        names.len(),
-                        names.join(", ")
-                    ),
-                );
-            }
-        }
-
+        let checks = flag_checks(&disposition, pod)
+            .into_iter()
+            .chain(pdb_check(&covering, workload))
+            .chain(workload.and_then(single_replica_check));
+        findings.extend(checks.map(|(severity, check, message)| Finding {
+            pod: key.clone(),
+            severity,
+            check,
+            message,
+        }));
         if let Some(workload) = workload {
-            if workload.replicas == 1 {
-                finding(
-                    Severity::Warn,
-                    "SingleReplica",
-                    format!(
-                        "{} has 1 replica: it is down from the eviction until its replacement \
-                         runs elsewhere; scale it to 2 or more",
-                        workload.describe()
-                    ),
-                );
-            }
-            let entry = per_workload
+            let evicted = per_workload
                 .entry(workload.describe())
-                .or_insert_with(|| (workload.clone(), Vec::new(), false));
-            entry.1.push(key.clone());
-            entry.2 |= !covering.is_empty();
+                .or_insert_with(|| EvictedReplicas::of(workload));
+            evicted.pods.push(key.clone());
+            evicted.paced |= !covering.is_empty();
         }
     }
-
-    for (workload, pods, paced) in per_workload.into_values() {
-        let count = i32::try_from(pods.len()).unwrap_or(i32::MAX);
-        if workload.replicas > 1 && count >= workload.replicas && !paced {
-            findings.push(Finding {
-                pod: pods[0].clone(),
-                severity: Severity::Warn,
-                check: "AllReplicasOnNode",
-                message: format!(
-                    "all {} replicas of {} run on this node and no PodDisruptionBudget paces \
-                     their eviction: it is down until they run elsewhere; spread them \
-                     (topologySpreadConstraints) or add a PodDisruptionBudget",
-                    workload.replicas,
-                    workload.describe()
-                ),
-            });
-        }
-    }
+    findings.extend(per_workload.into_values().filter_map(all_replicas_check));
 
     findings.sort_by(|a, b| a.pod.cmp(&b.pod).then(a.severity.cmp(&b.severity)));
     NodeReport {
@@ -406,6 +287,172 @@ pub fn check_node(
         pods_to_evict: to_evict,
         findings,
     }
+}
+
+/// What a check found about a pod: severity, the check's name and the message.
+type Check = (Severity, &'static str, String);
+
+/// The pods a node's drain evicts of one workload.
+struct EvictedReplicas {
+    workload: Workload,
+    pods: Vec<String>,
+    /// Some PodDisruptionBudget selects one of them.
+    paced: bool,
+}
+
+impl EvictedReplicas {
+    fn of(workload: &Workload) -> Self {
+        EvictedReplicas {
+            workload: workload.clone(),
+            pods: Vec::new(),
+            paced: false,
+        }
+    }
+}
+
+/// The drain flags a pod needs: without them the drain waits (Block), with them the pod's data
+/// or its only copy is lost (Warn).
+fn flag_checks(disposition: &PodDisposition, pod: &Pod) -> Vec<Check> {
+    let mut checks = Vec::new();
+    match disposition {
+        PodDisposition::Blocked(reason) => {
+            if reason.needs_force() {
+                checks.push((
+                    Severity::Block,
+                    "NeedsForce",
+                    "no controller would recreate it: a drain waits for --force (with which \
+                     the pod is deleted for good)"
+                        .to_string(),
+                ));
+            }
+            if reason.needs_delete_empty_dir() {
+                checks.push((
+                    Severity::Block,
+                    "NeedsDeleteEmptyDir",
+                    "it has an emptyDir volume: a drain waits for --delete-emptydir (with \
+                     which its data is lost)"
+                        .to_string(),
+                ));
+            }
+        }
+        // Evicted thanks to the flags given: say what they cost.
+        _ => {
+            let flags = required_flags(pod);
+            if flags.is_some_and(|f| f.needs_force()) {
+                checks.push((
+                    Severity::Warn,
+                    "NoController",
+                    "no controller would recreate it: --force deletes it for good".to_string(),
+                ));
+            }
+            if flags.is_some_and(|f| f.needs_delete_empty_dir()) {
+                checks.push((
+                    Severity::Warn,
+                    "EmptyDirDataLoss",
+                    "--delete-emptydir evicts it and the data of its emptyDir volume is lost"
+                        .to_string(),
+                ));
+            }
+        }
+    }
+    checks
+}
+
+/// Whether the PodDisruptionBudgets that select a pod (`covering`) let the Eviction API evict it:
+/// never, not now, or not at all when several select it.
+fn pdb_check(covering: &[&PodDisruptionBudget], workload: Option<&Workload>) -> Option<Check> {
+    match covering {
+        [] => None,
+        [pdb] => {
+            let status = pdb.status.as_ref();
+            if let Some(why) = never_allows(pdb, workload) {
+                let fix = match workload {
+                    Some(w) => format!(
+                        "lower its minAvailable (or allow maxUnavailable 1), or scale {} up",
+                        w.describe()
+                    ),
+                    None => "lower its minAvailable (or allow maxUnavailable 1)".to_string(),
+                };
+                Some((
+                    Severity::Block,
+                    "PDBNeverAllows",
+                    format!("PodDisruptionBudget {}: {why}; {fix}", pdb_key(pdb)),
+                ))
+            } else if let Some(status) =
+                status.filter(|s| s.disruptions_allowed.is_some_and(|n| n <= 0))
+            {
+                Some((
+                    Severity::Block,
+                    "PDBAllowsNone",
+                    format!(
+                        "PodDisruptionBudget {} allows 0 disruptions now (currentHealthy {}, \
+                         desiredHealthy {}, expectedPods {}): a drain waits until more of \
+                         its pods are healthy",
+                        pdb_key(pdb),
+                        status.current_healthy.unwrap_or_default(),
+                        status.desired_healthy.unwrap_or_default(),
+                        status.expected_pods.unwrap_or_default()
+                    ),
+                ))
+            } else {
+                None
+            }
+        }
+        several => {
+            let names: Vec<String> = several.iter().map(|pdb| pdb_key(pdb)).collect();
+            Some((
+                Severity::Block,
+                "MultiplePDBs",
+                format!(
+                    "selected by {} PodDisruptionBudgets ({}): the Eviction API refuses to \
+                     evict it; make exactly one select the pod",
+                    names.len(),
+                    names.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
+/// A workload of one replica is down from the eviction until its replacement runs.
+fn single_replica_check(workload: &Workload) -> Option<Check> {
+    (workload.replicas == 1).then(|| {
+        (
+            Severity::Warn,
+            "SingleReplica",
+            format!(
+                "{} has 1 replica: it is down from the eviction until its replacement \
+                 runs elsewhere; scale it to 2 or more",
+                workload.describe()
+            ),
+        )
+    })
+}
+
+/// A workload whose replicas all run on the node, with no budget to pace their eviction, is
+/// down until they run elsewhere. The finding goes to its first pod.
+fn all_replicas_check(evicted: EvictedReplicas) -> Option<Finding> {
+    let EvictedReplicas {
+        workload,
+        pods,
+        paced,
+    } = evicted;
+    let count = i32::try_from(pods.len()).unwrap_or(i32::MAX);
+    if workload.replicas <= 1 || count < workload.replicas || paced {
+        return None;
+    }
+    Some(Finding {
+        pod: pods[0].clone(),
+        severity: Severity::Warn,
+        check: "AllReplicasOnNode",
+        message: format!(
+            "all {} replicas of {} run on this node and no PodDisruptionBudget paces \
+             their eviction: it is down until they run elsewhere; spread them \
+             (topologySpreadConstraints) or add a PodDisruptionBudget",
+            workload.replicas,
+            workload.describe()
+        ),
+    })
 }
 
 fn verdict(findings: &[Finding]) -> &'static str {
@@ -1281,48 +1328,67 @@ mod tests {
         assert_eq!(requested.len(), 1);
     }
 
-    #[test]
-    fn evicted_pods_must_fit_on_the_other_schedulable_nodes() {
-        // n1 and n2 are checked; n3 has 4 CPU with 1 requested; n4 is cordoned, n5 not Ready.
-        let pods: HashMap<String, Vec<Pod>> = HashMap::from([
-            (
-                "n1".to_string(),
-                vec![
-                    sized_pod("web-1", "n1", "2", "1Gi"),
-                    // Not evicted by a drain: not placed either.
-                    pod("agent-1", "agent", Some(("DaemonSet", "agent")), false),
-                ],
-            ),
-            (
-                "n2".to_string(),
-                vec![sized_pod("web-2", "n2", "2500m", "1Gi")],
-            ),
-        ]);
-        let nodes = [
-            node("n1", "8", "8Gi", true, false),
-            node("n2", "8", "8Gi", true, false),
-            node("n3", "4", "8Gi", true, false),
-            node("n4", "64", "64Gi", true, true),
-            node("n5", "64", "64Gi", false, false),
-        ];
-        let requested = HashMap::from([(
-            "n3".to_string(),
-            Resources {
-                cpu_milli: 1000,
-                memory_bytes: 0,
-            },
-        )]);
+    /// n1 and n2 are the nodes to check; n3 has 4 CPU with 1 requested; n4 is cordoned, n5 not
+    /// Ready.
+    struct CapacityCluster {
+        pods: HashMap<String, Vec<Pod>>,
+        nodes: Vec<Node>,
+        requested: HashMap<String, Resources>,
+    }
 
-        // One node: its pod fits on n3.
+    impl CapacityCluster {
+        fn new() -> Self {
+            let pods = HashMap::from([
+                (
+                    "n1".to_string(),
+                    vec![
+                        sized_pod("web-1", "n1", "2", "1Gi"),
+                        // Not evicted by a drain: not placed either.
+                        pod("agent-1", "agent", Some(("DaemonSet", "agent")), false),
+                    ],
+                ),
+                (
+                    "n2".to_string(),
+                    vec![sized_pod("web-2", "n2", "2500m", "1Gi")],
+                ),
+            ]);
+            let nodes = vec![
+                node("n1", "8", "8Gi", true, false),
+                node("n2", "8", "8Gi", true, false),
+                node("n3", "4", "8Gi", true, false),
+                node("n4", "64", "64Gi", true, true),
+                node("n5", "64", "64Gi", false, false),
+            ];
+            let requested = HashMap::from([(
+                "n3".to_string(),
+                Resources {
+                    cpu_milli: 1000,
+                    memory_bytes: 0,
+                },
+            )]);
+            CapacityCluster {
+                pods,
+                nodes,
+                requested,
+            }
+        }
+
+        fn check(&self, reports: &mut [NodeReport], severity: Severity) -> CapacityReport {
+            check_capacity(
+                reports,
+                &self.pods,
+                &rules(false, false),
+                &self.nodes,
+                &self.requested,
+                severity,
+            )
+        }
+    }
+
+    #[test]
+    fn the_pods_of_one_node_fit_on_the_other_schedulable_nodes() {
         let mut one = [report("n1")];
-        let capacity = check_capacity(
-            &mut one,
-            &pods,
-            &rules(false, false),
-            &nodes,
-            &requested,
-            Severity::Warn,
-        );
+        let capacity = CapacityCluster::new().check(&mut one, Severity::Warn);
         assert!(capacity.fits, "{capacity:?}");
         assert_eq!((capacity.pods_to_place, capacity.remaining_nodes), (1, 2));
         assert_eq!(one[0].verdict, "ok");
@@ -1330,17 +1396,13 @@ mod tests {
             render(&one, Some(&capacity))
                 .ends_with("Capacity: the 1 pod to evict fit on the 2 other schedulable nodes.\n")
         );
+    }
 
+    #[test]
+    fn evicted_pods_must_fit_on_the_other_schedulable_nodes() {
         // Both: 4.5 CPU for 3 free; the larger pod is placed first, web-1 is left over.
         let mut both = [report("n1"), report("n2")];
-        let capacity = check_capacity(
-            &mut both,
-            &pods,
-            &rules(false, false),
-            &nodes,
-            &requested,
-            Severity::Block,
-        );
+        let capacity = CapacityCluster::new().check(&mut both, Severity::Block);
         assert!(!capacity.fits);
         assert_eq!(capacity.remaining_nodes, 1);
         assert_eq!(capacity.unplaceable, ["team/web-1"]);
@@ -1373,17 +1435,12 @@ mod tests {
             ),
             "{text}"
         );
+    }
 
-        // Without --check-capacity it only warns.
+    #[test]
+    fn pods_that_do_not_fit_only_warn_without_check_capacity() {
         let mut warned = [report("n1"), report("n2")];
-        check_capacity(
-            &mut warned,
-            &pods,
-            &rules(false, false),
-            &nodes,
-            &requested,
-            Severity::Warn,
-        );
+        CapacityCluster::new().check(&mut warned, Severity::Warn);
         assert_eq!(warned[0].verdict, "warnings");
     }
 
