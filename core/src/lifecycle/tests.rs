@@ -2,7 +2,7 @@
 //! edits, RequestorFailed set and cleared, deletion with and without additionalRequestors, the
 //! node gone, timeouts, a restart with the state only on the object).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,12 +11,14 @@ use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, ADMITTED_UID_ANNOTATION, CORDON_REQUESTED_ANNOTATION, DrainSpec,
-    DrainStatus, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, NodeMaintenanceSpec,
-    NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION, WAIT_POD_COMPLETION_START_ANNOTATION,
-    WaitForPodCompletionSpec, condition_type,
+    DrainStatus, FINALIZER, ForceDeletedPod, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
+    NodeMaintenanceSpec, NodeMaintenanceStatus, Phase, READY_TIME_ANNOTATION,
+    WAIT_POD_COMPLETION_START_ANNOTATION, WaitForPodCompletionSpec, condition_type,
 };
 
 use super::*;
+use crate::drain_plan;
+use crate::eviction::{DeleteOutcome, EvictionOutcome};
 use crate::fixtures::{bare, created_at, owned_by, pod, terminating, with_phase};
 
 const SCHEDULABLE: NodeView = NodeView::Present {
