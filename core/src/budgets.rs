@@ -17,7 +17,9 @@ use maintenance_crds::{Budget, Rounding, resolve_int_or_percent};
 use serde::Serialize;
 
 use crate::label_selector::{ParsedSelector, validate_key};
-use crate::scheduler::{NodeState, WaitCause, describe_limit, more_in_this_round, nodes_are};
+use crate::scheduler::model::{
+    NodeState, WaitCause, describe_limit, more_in_this_round, nodes_are,
+};
 use crate::windows::{WindowState, Windows, describe_time};
 
 /// A budget of the config that cannot be used.

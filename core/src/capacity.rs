@@ -20,7 +20,7 @@ use maintenance_crds::{MaintenanceOperatorConfigSpec, NodeMaintenance};
 use serde::Serialize;
 
 use crate::drain_plan::{DrainRules, OperatorIdentity, PodDisposition, classify, is_finished};
-use crate::scheduler::{RequestKey, RequestState};
+use crate::scheduler::model::{RequestKey, RequestState};
 
 /// CPU in millicores and memory in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord, Serialize)]

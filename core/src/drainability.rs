@@ -20,7 +20,7 @@ use maintenance_crds::{NodeMaintenance, Phase};
 use crate::drain_plan::{
     DrainRules, OperatorIdentity, PodDisposition, PodRef, classify, covering_pdbs, is_finished,
 };
-use crate::scheduler::{RequestKey, RequestState};
+use crate::scheduler::model::{RequestKey, RequestState};
 
 /// The first pod (by namespace and name) whose eviction would wait on a budget, and that budget.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

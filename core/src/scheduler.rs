@@ -9,59 +9,23 @@
 //! would take.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use maintenance_crds::{
-    Budget, DEFAULT_CONFIG_NAME, IntOrPercentError, MaintenanceOperatorConfigSpec,
-    MaintenanceWindow, NodeMaintenance, Phase, Rounding, resolve_int_or_percent,
-};
-use serde::{Serialize, Serializer};
+use maintenance_crds::{DEFAULT_CONFIG_NAME, IntOrPercentError, Rounding, resolve_int_or_percent};
+use serde::Serialize;
 
 use crate::budgets::{BudgetError, BudgetStatus, Budgets, WindowStatus, outside_windows};
 use crate::capacity::{CapacityCheck, CapacityPool, CapacityStatus};
 use crate::drainability::PreferDrainable;
 use crate::windows::{WindowError, WindowState, Windows};
 
+pub mod model;
+
+pub use model::*;
+
 /// Spec field names, used in messages so that a user knows what to edit.
 const MAX_PARALLEL_OPERATIONS_FIELD: &str = "maxParallelOperations";
 const MAX_UNAVAILABLE_FIELD: &str = "maxUnavailable";
-
-/// What the scheduler needs to know about a Node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeState {
-    pub name: String,
-    /// Unschedulable or not Ready: the node already serves no (new) workloads.
-    pub unavailable: bool,
-    /// The node's labels, which budgets select and group by; shared, so that a round's snapshot
-    /// of an unchanged node copies no label (see [`NodeStates`]).
-    pub labels: Arc<BTreeMap<String, String>>,
-}
-
-impl NodeState {
-    pub fn from_node(node: &Node) -> NodeState {
-        let unschedulable = node
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.unschedulable)
-            .unwrap_or(false);
-        // A node without a Ready condition has never reported in: the kubelet is not serving it.
-        let ready = node
-            .status
-            .as_ref()
-            .and_then(|status| status.conditions.as_ref())
-            .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
-            .is_some_and(|ready| ready.status == "True");
-        NodeState {
-            name: node.metadata.name.clone().unwrap_or_default(),
-            unavailable: unschedulable || !ready,
-            labels: Arc::new(node.metadata.labels.clone().unwrap_or_default()),
-        }
-    }
-}
 
 /// Rounds that follow one another closely (a busy fleet sends events faster than rounds run)
 /// are spaced so that the supervisor spends at most a fifth of its time in them: the next one
@@ -78,358 +42,6 @@ pub fn round_gap(last_round_took: Duration) -> Duration {
 const ROUND_GAP_FACTOR: u32 = 4;
 /// The longest a change waits for its round because of [`round_gap`].
 pub const MAX_ROUND_GAP: Duration = Duration::from_millis(100);
-
-/// The scheduler's view of each node, kept between rounds: a node whose resourceVersion has not
-/// changed is not read again. At 1,000 nodes, reading every node's labels anew made up most of
-/// a round's allocations, and rounds most of the operator's CPU.
-#[derive(Debug, Default)]
-pub struct NodeStates {
-    by_name: HashMap<String, KnownNode>,
-    /// Which call this is: a node not seen in the latest one is gone.
-    call: u64,
-}
-
-#[derive(Debug)]
-struct KnownNode {
-    version: Option<String>,
-    state: NodeState,
-    seen_in: u64,
-}
-
-impl NodeStates {
-    /// The states of `nodes` (all that exist now): unchanged ones from the last call, the others
-    /// read again; nodes no longer given are forgotten.
-    pub fn observe<'a>(&mut self, nodes: impl IntoIterator<Item = &'a Node>) -> Vec<NodeState> {
-        self.call += 1;
-        let call = self.call;
-        let mut states = Vec::with_capacity(self.by_name.len());
-        for node in nodes {
-            let name = node.metadata.name.as_deref().unwrap_or_default();
-            let version = node.metadata.resource_version.as_ref();
-            match self.by_name.get_mut(name) {
-                Some(known) if version.is_some() && known.version.as_ref() == version => {
-                    known.seen_in = call;
-                    states.push(known.state.clone());
-                }
-                _ => {
-                    let state = NodeState::from_node(node);
-                    states.push(state.clone());
-                    self.by_name.insert(
-                        name.to_string(),
-                        KnownNode {
-                            version: version.cloned(),
-                            state,
-                            seen_in: call,
-                        },
-                    );
-                }
-            }
-        }
-        self.by_name.retain(|_, known| known.seen_in == call);
-        states
-    }
-}
-
-/// What the scheduler needs to know about a NodeMaintenance.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestState {
-    pub namespace: String,
-    pub name: String,
-    pub node_name: String,
-    pub requestor_id: String,
-    pub phase: Phase,
-    pub created: Option<jiff::Timestamp>,
-    pub deleting: bool,
-    /// Deleted past Pending and our finalizer is off: the node actor has undone everything
-    /// (uncordoned, stopped the drain) and nothing of ours will touch the request again. Another
-    /// finalizer (the requestor's) may keep the object for as long as it likes; it holds no slot
-    /// and no node meanwhile.
-    pub released: bool,
-    /// Its last admission writes failed: it is not admitted again before this retry. `None`
-    /// from the objects; the supervisor, which saw the failure, sets it.
-    pub admission_retry: Option<AdmissionRetry>,
-}
-
-impl RequestState {
-    pub fn from_request(request: &NodeMaintenance) -> RequestState {
-        let phase = request.phase();
-        let deleting = request.is_deleting();
-        RequestState {
-            namespace: request.metadata.namespace.clone().unwrap_or_default(),
-            name: request.metadata.name.clone().unwrap_or_default(),
-            node_name: request.spec.node_name.clone(),
-            requestor_id: request.spec.requestor_id.clone(),
-            phase,
-            created: request.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            deleting,
-            // A Pending request never had our finalizer: it is not released but simply waits
-            // (and, being deleted, is never admitted).
-            released: deleting
-                && phase != Phase::Pending
-                && !crate::lifecycle::has_finalizer(request),
-            admission_retry: None,
-        }
-    }
-
-    pub fn key(&self) -> RequestKey {
-        RequestKey {
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
-    }
-
-    fn is_pending(&self) -> bool {
-        self.phase == Phase::Pending
-    }
-
-    /// Past Pending and not yet released: it holds its node (and a slot) for now.
-    fn holds_its_node(&self) -> bool {
-        !self.is_pending() && !self.released
-    }
-}
-
-/// First wait after a failed admission; it doubles with every further failure in a row.
-pub const ADMISSION_RETRY_MIN: Duration = Duration::from_secs(1);
-/// Longest wait between two admission attempts: a write that keeps failing (a webhook that
-/// denies it, missing RBAC) is still tried every minute, so it goes through soon after the cause
-/// is fixed, at the cost of one node read and one write a minute.
-pub const ADMISSION_RETRY_MAX: Duration = Duration::from_secs(60);
-
-/// The wait before the next admission attempt after `failures` failures in a row (1 s, 2 s,
-/// 4 s, ... up to [`ADMISSION_RETRY_MAX`]; 0 counts as 1). backon's schedule without jitter:
-/// one request is retried by one supervisor, so there is no herd to spread.
-pub fn admission_retry_delay(failures: u32) -> Duration {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(ADMISSION_RETRY_MIN)
-        .with_max_delay(ADMISSION_RETRY_MAX)
-        .with_factor(2.0)
-        .without_max_times()
-        .build()
-        .nth(usize::try_from(failures.saturating_sub(1).min(32)).unwrap_or(0))
-        .unwrap_or(ADMISSION_RETRY_MAX)
-}
-
-/// Most characters of an admission error quoted in a Pending message: webhooks may answer at
-/// length, and the message is read in `kubectl get`/`describe` (the log has it whole).
-pub const ADMISSION_ERROR_SHOWN_CHARS: usize = 300;
-
-/// A request whose admission writes failed, and when it may be admitted again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdmissionRetry {
-    /// Failed attempts in a row.
-    pub failures: u32,
-    /// Not admitted before this time; the next request takes its slot meanwhile.
-    pub at: jiff::Timestamp,
-    /// The last failure as the API server put it, for the request's Pending message.
-    pub error: String,
-}
-
-impl AdmissionRetry {
-    /// The retry after one more failure (`error`) at `now`, following `previous` if the one
-    /// before failed too.
-    pub fn after_failure(
-        previous: Option<&AdmissionRetry>,
-        error: String,
-        now: jiff::Timestamp,
-    ) -> AdmissionRetry {
-        let failures = previous.map_or(0, |p| p.failures).saturating_add(1);
-        let at = jiff::SignedDuration::try_from(admission_retry_delay(failures))
-            .ok()
-            .and_then(|delay| now.checked_add(delay).ok())
-            .unwrap_or(jiff::Timestamp::MAX);
-        AdmissionRetry {
-            failures,
-            at,
-            error,
-        }
-    }
-
-    fn describe(&self) -> String {
-        let times = if self.failures == 1 {
-            "once".to_string()
-        } else {
-            format!("{} times in a row", self.failures)
-        };
-        let error = match self.error.char_indices().nth(ADMISSION_ERROR_SHOWN_CHARS) {
-            Some((cut, _)) => format!("{}…", &self.error[..cut]),
-            None => self.error.clone(),
-        };
-        // Whole seconds: the retry is a person's "about when", not a clock reading.
-        format!(
-            "admission failed {times}: {error}; next attempt at {:.0}",
-            self.at
-        )
-    }
-}
-
-/// The cluster as one scheduling round sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Snapshot {
-    pub nodes: Vec<NodeState>,
-    pub requests: Vec<RequestState>,
-}
-
-impl Snapshot {
-    /// The snapshot of `nodes` (as [`NodeStates::observe`] gives them) and `requests`.
-    pub fn from_states<'a>(
-        nodes: Vec<NodeState>,
-        requests: impl IntoIterator<Item = &'a NodeMaintenance>,
-    ) -> Snapshot {
-        Snapshot {
-            nodes,
-            requests: requests
-                .into_iter()
-                .map(RequestState::from_request)
-                .collect(),
-        }
-    }
-
-    pub fn from_objects<'a>(
-        nodes: impl IntoIterator<Item = &'a Node>,
-        requests: impl IntoIterator<Item = &'a NodeMaintenance>,
-    ) -> Snapshot {
-        Snapshot::from_states(
-            nodes.into_iter().map(NodeState::from_node).collect(),
-            requests,
-        )
-    }
-}
-
-/// What limits admission in `MaintenanceOperatorConfig`, not yet resolved against a node count.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Limits {
-    /// Absolute, or a percentage of all nodes rounded up.
-    pub max_parallel_operations: IntOrString,
-    /// Absolute, or a percentage of all nodes rounded down; `None` means no limit.
-    pub max_unavailable: Option<IntOrString>,
-    /// Limits for the nodes each budget selects; empty: none.
-    pub budgets: Vec<Budget>,
-    /// Cluster-wide windows for new admissions; empty: always open.
-    pub maintenance_windows: Vec<MaintenanceWindow>,
-}
-
-impl Limits {
-    /// The limits of a config spec; `None` (no `default` config) gives the defaults.
-    pub fn from_config(spec: Option<&MaintenanceOperatorConfigSpec>) -> Limits {
-        match spec {
-            Some(spec) => Limits {
-                max_parallel_operations: spec.max_parallel_operations(),
-                max_unavailable: spec.max_unavailable.clone(),
-                budgets: spec.budgets().to_vec(),
-                maintenance_windows: spec.maintenance_windows().to_vec(),
-            },
-            None => Limits {
-                max_parallel_operations: MaintenanceOperatorConfigSpec::default()
-                    .max_parallel_operations(),
-                ..Limits::default()
-            },
-        }
-    }
-}
-
-/// Identifies a NodeMaintenance; shown (and serialized) as `namespace/name`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl fmt::Display for RequestKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-impl Serialize for RequestKey {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-/// What holds a Pending request back. The limits are named by their config field; with
-/// [`Waiting::budget`] set, the field is that budget's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum WaitCause {
-    /// The request is being deleted.
-    Deleting,
-    /// Another request holds the node.
-    NodeInMaintenance,
-    /// A request ordered before it on the same node is admitted in this round.
-    NodeAdmittedThisRound,
-    NodeNotFound,
-    /// No window is open (cluster-wide, or the budget's).
-    MaintenanceWindows,
-    MaxParallelOperations,
-    MaxUnavailable,
-    MaxGroupsInMaintenance,
-    MaxUnavailableGroups,
-    /// `preferDrainable`: passed over for requests whose drain can make progress now, because
-    /// this one's would wait on a PodDisruptionBudget (named in the reason).
-    DrainBlocked,
-    /// `checkCapacity`: the pods its drain would evict do not fit on the remaining schedulable
-    /// nodes (the reason says what is missing).
-    InsufficientCapacity,
-    /// `checkCapacity`: the pods could not be read this round, so the check fails closed.
-    CapacityUnknown,
-    /// Its admission writes failed; it waits for the retry (the reason has the error and the
-    /// time) while the next request takes the slot.
-    AdmissionRetry,
-}
-
-impl WaitCause {
-    pub const ALL: [WaitCause; 13] = [
-        WaitCause::Deleting,
-        WaitCause::NodeInMaintenance,
-        WaitCause::NodeAdmittedThisRound,
-        WaitCause::NodeNotFound,
-        WaitCause::MaintenanceWindows,
-        WaitCause::MaxParallelOperations,
-        WaitCause::MaxUnavailable,
-        WaitCause::MaxGroupsInMaintenance,
-        WaitCause::MaxUnavailableGroups,
-        WaitCause::DrainBlocked,
-        WaitCause::InsufficientCapacity,
-        WaitCause::CapacityUnknown,
-        WaitCause::AdmissionRetry,
-    ];
-
-    /// As in `plan -o json` and the `cause` label of the waiting-requests metric.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WaitCause::Deleting => "deleting",
-            WaitCause::NodeInMaintenance => "nodeInMaintenance",
-            WaitCause::NodeAdmittedThisRound => "nodeAdmittedThisRound",
-            WaitCause::NodeNotFound => "nodeNotFound",
-            WaitCause::MaintenanceWindows => "maintenanceWindows",
-            WaitCause::MaxParallelOperations => "maxParallelOperations",
-            WaitCause::MaxUnavailable => "maxUnavailable",
-            WaitCause::MaxGroupsInMaintenance => "maxGroupsInMaintenance",
-            WaitCause::MaxUnavailableGroups => "maxUnavailableGroups",
-            WaitCause::DrainBlocked => "drainBlocked",
-            WaitCause::InsufficientCapacity => "insufficientCapacity",
-            WaitCause::CapacityUnknown => "capacityUnknown",
-            WaitCause::AdmissionRetry => "admissionRetry",
-        }
-    }
-}
-
-/// A Pending request that this round does not admit, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Waiting {
-    #[serde(rename = "name")]
-    pub key: RequestKey,
-    /// For a person (the request's Pending message).
-    pub reason: String,
-    pub cause: WaitCause,
-    /// The budget that holds it back; absent for the cluster-wide limits and windows.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub budget: Option<String>,
-    /// The budget's group (the node's `groupByLabel` value) that holds it back.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-}
 
 /// The outcome of one scheduling round.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -572,183 +184,13 @@ pub fn schedule_observed(
     capacity: &CapacityCheck,
     now: jiff::Timestamp,
 ) -> Result<Decision, ScheduleError> {
-    let total_nodes = count(snapshot.nodes.len());
-    let max_parallel_operations = max_parallel_operations(snapshot, limits)?;
-    let max_unavailable = limits
-        .max_unavailable
-        .as_ref()
-        .map(|value| {
-            resolve_int_or_percent(MAX_UNAVAILABLE_FIELD, value, total_nodes, Rounding::Down)
-        })
-        .transpose()
-        .map_err(ScheduleError::InvalidLimit)?;
+    let mut round = Round::new(snapshot, limits, capacity, now)?;
+    let pending = pending_in_order(snapshot, prefer, now);
 
-    let existing_nodes: HashMap<&str, &NodeState> = snapshot
-        .nodes
-        .iter()
-        .map(|node| (node.name.as_str(), node))
-        .collect();
-    let in_maintenance = nodes_in_maintenance(snapshot, &existing_nodes);
-    // A set, so that a cordoned node under maintenance counts once.
-    let unavailable_nodes: BTreeSet<&str> = in_maintenance
-        .keys()
-        .copied()
-        .chain(
-            snapshot
-                .nodes
-                .iter()
-                .filter(|node| node.unavailable)
-                .map(|node| node.name.as_str()),
-        )
-        .collect();
-
-    let windows = Windows::parse(&limits.maintenance_windows)
-        .map_err(ScheduleError::InvalidWindow)?
-        .state(now);
-    let mut budgets = Budgets::new(
-        &limits.budgets,
-        &snapshot.nodes,
-        |node| in_maintenance.contains_key(node),
-        |node| unavailable_nodes.contains(node),
-        now,
-    )
-    .map_err(ScheduleError::InvalidBudget)?;
-    let budget_status = budgets.status();
-    // Nodes in maintenance and unavailable nodes take no pods; drains in progress need room.
-    let mut capacity_pool = capacity.enabled.then(|| {
-        let takes_pods =
-            |node: &str| !unavailable_nodes.contains(node) && existing_nodes.contains_key(node);
-        // A released request's drain has stopped: its pods are going nowhere.
-        let in_progress: Vec<RequestKey> = snapshot
-            .requests
-            .iter()
-            .filter(|r| r.holds_its_node())
-            .map(RequestState::key)
-            .collect();
-        CapacityPool::new(capacity, takes_pods, &in_progress)
-    });
-    let capacity_status = capacity_pool.as_ref().map(CapacityPool::status);
-
-    let nodes_in_maintenance = count(in_maintenance.len());
-    let available_slots = max_parallel_operations.saturating_sub(nodes_in_maintenance);
-    let can_become_unavailable =
-        max_unavailable.map(|limit| limit.saturating_sub(count(unavailable_nodes.len())));
-
-    let order = Ordering::new(&snapshot.requests);
-    let mut pending: Vec<&RequestState> = snapshot
-        .requests
-        .iter()
-        .filter(|r| r.is_pending())
-        .collect();
-    pending.sort_by(|a, b| order.compare(a, b));
-    if prefer.enabled {
-        // A stable sort: false (keeps its place) before true (moved back).
-        pending.sort_by_key(|r| prefer.pass_over(r, now).is_some());
-    }
-
-    let limit_text = LimitText {
-        max_parallel_operations: describe_limit(
-            &limits.max_parallel_operations,
-            max_parallel_operations,
-            total_nodes,
-        ),
-        max_unavailable: limits
-            .max_unavailable
-            .as_ref()
-            .zip(max_unavailable)
-            .map(|(value, resolved)| describe_limit(value, resolved, total_nodes))
-            .unwrap_or_default(),
-    };
-
-    let mut scheduled = Vec::new();
     let mut waiting = Vec::new();
-    // Node -> the request admitted on it in this round.
-    let mut admitted_on_node: HashMap<&str, RequestKey> = HashMap::new();
-    let mut newly_unavailable: u32 = 0;
     let mut next_admission_retry: Option<jiff::Timestamp> = None;
     for request in pending {
-        let node = request.node_name.as_str();
-        let cluster_wide =
-            |cause: WaitCause, reason: String| Some(Hold::cluster_wide(cause, reason));
-        let hold = if request.deleting {
-            cluster_wide(WaitCause::Deleting, "being deleted".to_string())
-        } else if let Some(holder) = in_maintenance.get(node) {
-            cluster_wide(
-                WaitCause::NodeInMaintenance,
-                format!("node {node} is under maintenance by {}", holder.key()),
-            )
-        } else if let Some(node_state) = existing_nodes.get(node) {
-            let covering = budgets.covering(node_state);
-            if let Some(winner) = admitted_on_node.get(node) {
-                cluster_wide(
-                    WaitCause::NodeAdmittedThisRound,
-                    format!("node already has a request being admitted: {winner}"),
-                )
-            } else if let Some(retry) = request.admission_retry.as_ref().filter(|r| r.at > now) {
-                // Before the limits: the failure is what a person must look at (a webhook that
-                // denies the write), and the slot goes to the next request meanwhile rather
-                // than to the same doomed write again (rule 6's skip).
-                cluster_wide(WaitCause::AdmissionRetry, retry.describe())
-            } else if let WindowState::Closed { next_opening } = &windows {
-                cluster_wide(
-                    WaitCause::MaintenanceWindows,
-                    outside_windows(None, next_opening.as_ref()),
-                )
-            } else if let Some(hold) = budgets.window_hold(&covering) {
-                Some(hold.into())
-            } else if count(scheduled.len()) >= available_slots {
-                cluster_wide(
-                    WaitCause::MaxParallelOperations,
-                    format!(
-                        "no free slot: maxParallelOperations={} and {} in maintenance{}",
-                        limit_text.max_parallel_operations,
-                        nodes_are(nodes_in_maintenance),
-                        more_in_this_round(count(scheduled.len()), "admitted"),
-                    ),
-                )
-            } else if !node_state.unavailable
-                && can_become_unavailable.is_some_and(|budget| newly_unavailable >= budget)
-            {
-                cluster_wide(
-                    WaitCause::MaxUnavailable,
-                    format!(
-                        "maxUnavailable reached: node {node} would become unavailable, but maxUnavailable={} and {} unavailable{}",
-                        limit_text.max_unavailable,
-                        nodes_are(count(unavailable_nodes.len())),
-                        more_in_this_round(newly_unavailable, "becoming unavailable"),
-                    ),
-                )
-            } else if let Some(hold) = budgets.limit_hold(&covering, node, node_state.unavailable) {
-                Some(hold.into())
-            } else if let Some(problem) = capacity
-                .enabled
-                .then_some(())
-                .and(capacity.unreadable.as_ref())
-            {
-                cluster_wide(
-                    WaitCause::CapacityUnknown,
-                    format!(
-                        "checkCapacity could not check whether the pods of {node} fit: {problem}; the next round checks again"
-                    ),
-                )
-            } else if let Some(shortfall) = capacity_pool.as_mut().and_then(|pool| {
-                // Last: on success the pool keeps the placement, as the request is admitted.
-                pool.admit(node, capacity.evictions_of(&request.key()))
-                    .err()
-            }) {
-                cluster_wide(WaitCause::InsufficientCapacity, shortfall.describe(node))
-            } else {
-                if !node_state.unavailable {
-                    newly_unavailable += 1;
-                }
-                budgets.admit(&covering, node_state.unavailable);
-                admitted_on_node.insert(node, request.key());
-                scheduled.push(request.key());
-                None
-            }
-        } else {
-            cluster_wide(WaitCause::NodeNotFound, format!("node {node} not found"))
-        };
+        let hold = round.hold(request);
         let hold = hold.map(|hold| passed_over(hold, request, prefer, now));
         if hold
             .as_ref()
@@ -769,26 +211,270 @@ pub fn schedule_observed(
         }
     }
 
-    let cluster_opening = match &windows {
+    let cluster_opening = match &round.windows {
         WindowState::Closed {
             next_opening: Some(at),
         } => Some(at.timestamp()),
         _ => None,
     };
     Ok(Decision {
-        available_slots,
-        can_become_unavailable,
-        scheduled,
+        available_slots: round.available_slots,
+        can_become_unavailable: round.can_become_unavailable,
+        scheduled: round.scheduled,
         waiting,
-        maintenance_windows: WindowStatus::of(&windows),
-        budgets: budget_status,
-        capacity: capacity_status,
+        maintenance_windows: WindowStatus::of(&round.windows),
+        budgets: round.budget_status,
+        capacity: round.capacity_status,
         next_window_opening: cluster_opening
             .into_iter()
-            .chain(budgets.next_window_opening())
+            .chain(round.budgets.next_window_opening())
             .min(),
         next_admission_retry,
     })
+}
+
+/// One round of [`schedule_observed`]: the cluster as it stands before the round (limits
+/// resolved, nodes held and unavailable, windows, budgets, room for evicted pods), and what the
+/// round has admitted so far.
+struct Round<'s> {
+    now: jiff::Timestamp,
+    capacity: &'s CapacityCheck,
+    existing_nodes: HashMap<&'s str, &'s NodeState>,
+    in_maintenance: BTreeMap<&'s str, &'s RequestState>,
+    unavailable_nodes: BTreeSet<&'s str>,
+    windows: WindowState,
+    budgets: Budgets<'s>,
+    budget_status: Vec<BudgetStatus>,
+    capacity_pool: Option<CapacityPool>,
+    capacity_status: Option<CapacityStatus>,
+    nodes_in_maintenance: u32,
+    available_slots: u32,
+    can_become_unavailable: Option<u32>,
+    limit_text: LimitText,
+    scheduled: Vec<RequestKey>,
+    /// Node -> the request admitted on it in this round.
+    admitted_on_node: HashMap<&'s str, RequestKey>,
+    newly_unavailable: u32,
+}
+
+impl<'s> Round<'s> {
+    fn new(
+        snapshot: &'s Snapshot,
+        limits: &'s Limits,
+        capacity: &'s CapacityCheck,
+        now: jiff::Timestamp,
+    ) -> Result<Round<'s>, ScheduleError> {
+        let total_nodes = count(snapshot.nodes.len());
+        let max_parallel_operations = max_parallel_operations(snapshot, limits)?;
+        let max_unavailable = limits
+            .max_unavailable
+            .as_ref()
+            .map(|value| {
+                resolve_int_or_percent(MAX_UNAVAILABLE_FIELD, value, total_nodes, Rounding::Down)
+            })
+            .transpose()
+            .map_err(ScheduleError::InvalidLimit)?;
+
+        let existing_nodes: HashMap<&str, &NodeState> = snapshot
+            .nodes
+            .iter()
+            .map(|node| (node.name.as_str(), node))
+            .collect();
+        let in_maintenance = nodes_in_maintenance(snapshot, &existing_nodes);
+        // A set, so that a cordoned node under maintenance counts once.
+        let unavailable_nodes: BTreeSet<&str> = in_maintenance
+            .keys()
+            .copied()
+            .chain(
+                snapshot
+                    .nodes
+                    .iter()
+                    .filter(|node| node.unavailable)
+                    .map(|node| node.name.as_str()),
+            )
+            .collect();
+
+        let windows = Windows::parse(&limits.maintenance_windows)
+            .map_err(ScheduleError::InvalidWindow)?
+            .state(now);
+        let budgets = Budgets::new(
+            &limits.budgets,
+            &snapshot.nodes,
+            |node| in_maintenance.contains_key(node),
+            |node| unavailable_nodes.contains(node),
+            now,
+        )
+        .map_err(ScheduleError::InvalidBudget)?;
+        let budget_status = budgets.status();
+        // Nodes in maintenance and unavailable nodes take no pods; drains in progress need room.
+        let capacity_pool = capacity.enabled.then(|| {
+            let takes_pods =
+                |node: &str| !unavailable_nodes.contains(node) && existing_nodes.contains_key(node);
+            // A released request's drain has stopped: its pods are going nowhere.
+            let in_progress: Vec<RequestKey> = snapshot
+                .requests
+                .iter()
+                .filter(|r| r.holds_its_node())
+                .map(RequestState::key)
+                .collect();
+            CapacityPool::new(capacity, takes_pods, &in_progress)
+        });
+        let capacity_status = capacity_pool.as_ref().map(CapacityPool::status);
+
+        let nodes_in_maintenance = count(in_maintenance.len());
+        let available_slots = max_parallel_operations.saturating_sub(nodes_in_maintenance);
+        let can_become_unavailable =
+            max_unavailable.map(|limit| limit.saturating_sub(count(unavailable_nodes.len())));
+
+        let limit_text = LimitText {
+            max_parallel_operations: describe_limit(
+                &limits.max_parallel_operations,
+                max_parallel_operations,
+                total_nodes,
+            ),
+            max_unavailable: limits
+                .max_unavailable
+                .as_ref()
+                .zip(max_unavailable)
+                .map(|(value, resolved)| describe_limit(value, resolved, total_nodes))
+                .unwrap_or_default(),
+        };
+
+        Ok(Round {
+            now,
+            capacity,
+            existing_nodes,
+            in_maintenance,
+            unavailable_nodes,
+            windows,
+            budgets,
+            budget_status,
+            capacity_pool,
+            capacity_status,
+            nodes_in_maintenance,
+            available_slots,
+            can_become_unavailable,
+            limit_text,
+            scheduled: Vec::new(),
+            admitted_on_node: HashMap::new(),
+            newly_unavailable: 0,
+        })
+    }
+
+    /// Why `request` waits this round, or `None`: it is admitted, and counted against every
+    /// limit for the requests after it.
+    fn hold(&mut self, request: &'s RequestState) -> Option<Hold> {
+        let node = request.node_name.as_str();
+        let cluster_wide =
+            |cause: WaitCause, reason: String| Some(Hold::cluster_wide(cause, reason));
+        if request.deleting {
+            cluster_wide(WaitCause::Deleting, "being deleted".to_string())
+        } else if let Some(holder) = self.in_maintenance.get(node) {
+            cluster_wide(
+                WaitCause::NodeInMaintenance,
+                format!("node {node} is under maintenance by {}", holder.key()),
+            )
+        } else if let Some(node_state) = self.existing_nodes.get(node) {
+            let covering = self.budgets.covering(node_state);
+            if let Some(winner) = self.admitted_on_node.get(node) {
+                cluster_wide(
+                    WaitCause::NodeAdmittedThisRound,
+                    format!("node already has a request being admitted: {winner}"),
+                )
+            } else if let Some(retry) = request.admission_retry.as_ref().filter(|r| r.at > self.now)
+            {
+                // Before the limits: the failure is what a person must look at (a webhook that
+                // denies the write), and the slot goes to the next request meanwhile rather
+                // than to the same doomed write again (rule 6's skip).
+                cluster_wide(WaitCause::AdmissionRetry, retry.describe())
+            } else if let WindowState::Closed { next_opening } = &self.windows {
+                cluster_wide(
+                    WaitCause::MaintenanceWindows,
+                    outside_windows(None, next_opening.as_ref()),
+                )
+            } else if let Some(hold) = self.budgets.window_hold(&covering) {
+                Some(hold.into())
+            } else if count(self.scheduled.len()) >= self.available_slots {
+                cluster_wide(
+                    WaitCause::MaxParallelOperations,
+                    format!(
+                        "no free slot: maxParallelOperations={} and {} in maintenance{}",
+                        self.limit_text.max_parallel_operations,
+                        nodes_are(self.nodes_in_maintenance),
+                        more_in_this_round(count(self.scheduled.len()), "admitted"),
+                    ),
+                )
+            } else if !node_state.unavailable
+                && self
+                    .can_become_unavailable
+                    .is_some_and(|budget| self.newly_unavailable >= budget)
+            {
+                cluster_wide(
+                    WaitCause::MaxUnavailable,
+                    format!(
+                        "maxUnavailable reached: node {node} would become unavailable, but maxUnavailable={} and {} unavailable{}",
+                        self.limit_text.max_unavailable,
+                        nodes_are(count(self.unavailable_nodes.len())),
+                        more_in_this_round(self.newly_unavailable, "becoming unavailable"),
+                    ),
+                )
+            } else if let Some(hold) =
+                self.budgets
+                    .limit_hold(&covering, node, node_state.unavailable)
+            {
+                Some(hold.into())
+            } else if let Some(problem) = self
+                .capacity
+                .enabled
+                .then_some(())
+                .and(self.capacity.unreadable.as_ref())
+            {
+                cluster_wide(
+                    WaitCause::CapacityUnknown,
+                    format!(
+                        "checkCapacity could not check whether the pods of {node} fit: {problem}; the next round checks again"
+                    ),
+                )
+            } else if let Some(shortfall) = self.capacity_pool.as_mut().and_then(|pool| {
+                // Last: on success the pool keeps the placement, as the request is admitted.
+                pool.admit(node, self.capacity.evictions_of(&request.key()))
+                    .err()
+            }) {
+                cluster_wide(WaitCause::InsufficientCapacity, shortfall.describe(node))
+            } else {
+                if !node_state.unavailable {
+                    self.newly_unavailable += 1;
+                }
+                self.budgets.admit(&covering, node_state.unavailable);
+                self.admitted_on_node.insert(node, request.key());
+                self.scheduled.push(request.key());
+                None
+            }
+        } else {
+            cluster_wide(WaitCause::NodeNotFound, format!("node {node} not found"))
+        }
+    }
+}
+
+/// The Pending requests in admission order ([`Ordering`]); with `preferDrainable`, those whose
+/// drain would wait on a budget move behind the others.
+fn pending_in_order<'s>(
+    snapshot: &'s Snapshot,
+    prefer: &PreferDrainable,
+    now: jiff::Timestamp,
+) -> Vec<&'s RequestState> {
+    let order = Ordering::new(&snapshot.requests);
+    let mut pending: Vec<&RequestState> = snapshot
+        .requests
+        .iter()
+        .filter(|r| r.is_pending())
+        .collect();
+    pending.sort_by(|a, b| order.compare(a, b));
+    if prefer.enabled {
+        // A stable sort: false (keeps its place) before true (moved back).
+        pending.sort_by_key(|r| prefer.pass_over(r, now).is_some());
+    }
+    pending
 }
 
 /// A moved-back request that waits for a slot says why it is behind: its drain would wait on a
@@ -924,30 +610,6 @@ struct LimitText {
     max_unavailable: String,
 }
 
-/// `2`, or `15% (2 of 10 nodes)` for a percentage.
-pub(crate) fn describe_limit(value: &IntOrString, resolved: u32, total_nodes: u32) -> String {
-    match value {
-        IntOrString::Int(_) => resolved.to_string(),
-        IntOrString::String(text) => format!("{text} ({resolved} of {total_nodes} nodes)"),
-    }
-}
-
-pub(crate) fn nodes_are(n: u32) -> String {
-    if n == 1 {
-        "1 node is".to_string()
-    } else {
-        format!("{n} nodes are")
-    }
-}
-
-pub(crate) fn more_in_this_round(n: u32, what: &str) -> String {
-    if n == 0 {
-        String::new()
-    } else {
-        format!(", {n} more {what} in this round")
-    }
-}
-
 fn count(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }
@@ -961,10 +623,13 @@ mod legacy;
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+    use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-    use maintenance_crds::NodeMaintenanceSpec;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use maintenance_crds::{NodeMaintenance, NodeMaintenanceSpec, Phase};
 
     const NAMESPACE: &str = "team";
 

@@ -7,11 +7,12 @@ use super::*;
 use crate::capacity::{CapacityCheck, CapacityNode, CapacityObserver, CapacityPod, Resources};
 use crate::fixtures::{owned_by, pod, with_phase};
 use k8s_openapi::api::core::v1::{
-    Container, NodeSpec, NodeStatus, Pod, ResourceRequirements, Taint,
+    Container, Node, NodeSpec, NodeStatus, Pod, ResourceRequirements, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use maintenance_crds::{DrainSpec, NodeMaintenanceSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use maintenance_crds::{DrainSpec, NodeMaintenanceSpec, Phase};
 
 const GI: i64 = 1 << 30;
 

@@ -6,6 +6,8 @@ use super::*;
 use crate::budgets::{GroupCount, GroupStatus};
 use crate::drainability::{DrainBlocker, PreferDrainable};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use maintenance_crds::{Budget, MaintenanceWindow, Phase};
 
 pub(super) const NAMESPACE: &str = "team";
 const ZONE: &str = "topology.kubernetes.io/zone";
