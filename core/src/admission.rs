@@ -362,19 +362,15 @@ fn is_dns_subdomain(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maintenance_crds::{NodeMaintenanceSpec, PodEvictionFilterEntry};
+    use crate::fixtures;
+    use maintenance_crds::PodEvictionFilterEntry;
 
     fn request(node: &str) -> NodeMaintenance {
-        let mut nm = NodeMaintenance::new(
-            "fw-upgrade",
-            NodeMaintenanceSpec {
-                requestor_id: "fw.example.com".into(),
-                node_name: node.into(),
-                ..NodeMaintenanceSpec::default()
-            },
-        );
-        nm.metadata.namespace = Some("team-a".into());
-        nm
+        fixtures::request("fw-upgrade")
+            .namespace("team-a")
+            .node(node)
+            .requestor("fw.example.com")
+            .build()
     }
 
     fn with_drain_selector(mut nm: NodeMaintenance, selector: &str) -> NodeMaintenance {

@@ -219,9 +219,9 @@ mod tests {
     use std::collections::BTreeMap;
 
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use maintenance_crds::NodeMaintenanceSpec;
 
     use super::*;
+    use crate::fixtures::{self, at};
 
     const HOUR: Duration = Duration::from_secs(3600);
     const POLICY: Policy = Policy {
@@ -229,25 +229,15 @@ mod tests {
         missing_node_grace: Duration::from_secs(300),
     };
 
-    fn at(seconds: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + seconds).expect("valid timestamp")
-    }
-
+    /// A request in `phase` since `at(entered)`.
     fn request(phase: Phase, entered: i64) -> NodeMaintenance {
-        let mut nm = NodeMaintenance::new(
-            "nm",
-            NodeMaintenanceSpec {
-                requestor_id: "upgrade".into(),
-                node_name: "node-1".into(),
-                ..NodeMaintenanceSpec::default()
-            },
-        );
-        nm.metadata.namespace = Some("default".into());
-        nm.metadata.creation_timestamp = Some(Time(at(0)));
-        let mut status = maintenance_crds::NodeMaintenanceStatus::default();
-        conditions::set_phase(&mut status.conditions, phase, "", at(entered), None);
-        nm.status = Some(status);
-        nm
+        fixtures::request("nm")
+            .namespace("default")
+            .node("node-1")
+            .requestor("upgrade")
+            .created(at(0))
+            .phase(phase, at(entered))
+            .build()
     }
 
     fn annotated(mut nm: NodeMaintenance, key: &str, value: &str) -> NodeMaintenance {

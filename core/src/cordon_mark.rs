@@ -199,22 +199,16 @@ impl OrphanSightings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use maintenance_crds::NodeMaintenanceSpec;
+    use crate::fixtures;
     use std::collections::BTreeMap;
 
     fn request() -> NodeMaintenance {
-        let mut r = NodeMaintenance::new(
-            "m",
-            NodeMaintenanceSpec {
-                requestor_id: "example.com".into(),
-                node_name: "n1".into(),
-                ..NodeMaintenanceSpec::default()
-            },
-        );
-        r.metadata.namespace = Some("team".into());
-        r.metadata.uid = Some("uid-m".into());
-        r
+        fixtures::request("m")
+            .namespace("team")
+            .node("n1")
+            .requestor("example.com")
+            .uid("uid-m")
+            .build()
     }
 
     /// The node as the API server leaves it after applying `patch` (a merge patch: `null`
@@ -240,16 +234,12 @@ mod tests {
         }
     }
 
+    /// A node with an annotation of someone else's, which the mark must leave alone.
     fn node(name: &str, version: &str) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                resource_version: Some(version.into()),
-                annotations: Some(BTreeMap::from([("other".into(), "kept".into())])),
-                ..ObjectMeta::default()
-            },
-            ..Node::default()
-        }
+        fixtures::node(name)
+            .version(version)
+            .annotation("other", "kept")
+            .build()
     }
 
     #[test]

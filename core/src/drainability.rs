@@ -167,7 +167,7 @@ impl PreferDrainable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{bare, pod, with_label, with_phase};
+    use crate::fixtures::{self, bare, pod, with_label, with_phase};
     use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
     use maintenance_crds::DrainSpec;
@@ -235,17 +235,12 @@ mod tests {
     }
 
     fn request(name: &str, node: &str, drain: bool) -> NodeMaintenance {
-        let mut request = NodeMaintenance::new(
-            name,
-            maintenance_crds::NodeMaintenanceSpec {
-                node_name: node.into(),
-                requestor_id: "test".into(),
-                drain_spec: drain.then(DrainSpec::default),
-                ..maintenance_crds::NodeMaintenanceSpec::default()
-            },
-        );
-        request.metadata.namespace = Some("team".into());
-        request
+        fixtures::request(name)
+            .namespace("team")
+            .node(node)
+            .requestor("test")
+            .drain(drain)
+            .build()
     }
 
     fn on_node(mut p: Pod, node: &str) -> Pod {

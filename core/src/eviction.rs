@@ -201,6 +201,7 @@ impl TokenBook {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::at;
 
     fn pdb(name: &str, version: &str, allowed: i32) -> PdbAllowance {
         PdbAllowance {
@@ -208,10 +209,6 @@ mod tests {
             resource_version: version.to_string(),
             disruptions_allowed: allowed,
         }
-    }
-
-    fn at(seconds: i64) -> jiff::Timestamp {
-        jiff::Timestamp::from_second(1_700_000_000 + seconds).expect("a valid time")
     }
 
     fn calls_at(book: &mut TokenBook, covering: &[PdbAllowance], n: usize, now: i64) -> usize {

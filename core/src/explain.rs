@@ -157,11 +157,8 @@ impl<K: Clone + Eq + Hash> Explanations<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::at;
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-
-    fn at(seconds: i64) -> Timestamp {
-        Timestamp::from_second(1_700_000_000 + seconds).unwrap()
-    }
 
     fn limits(max_parallel_operations: i32) -> Limits {
         Limits {

@@ -57,6 +57,7 @@ pub fn trim(node: &mut Node) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures;
     use std::collections::BTreeMap;
 
     use k8s_openapi::api::core::v1::{
@@ -148,20 +149,6 @@ mod tests {
 
     struct NodeMaintenanceRef(maintenance_crds::NodeMaintenance);
 
-    fn request() -> NodeMaintenanceRef {
-        let mut request = maintenance_crds::NodeMaintenance::new(
-            "upgrade",
-            maintenance_crds::NodeMaintenanceSpec {
-                node_name: "node-1".into(),
-                requestor_id: "test".into(),
-                ..maintenance_crds::NodeMaintenanceSpec::default()
-            },
-        );
-        request.metadata.namespace = Some("default".into());
-        request.metadata.uid = Some("uid-1".into());
-        NodeMaintenanceRef(request)
-    }
-
     fn trimmed(node: &Node) -> Node {
         let mut node = node.clone();
         trim(&mut node);
@@ -172,7 +159,14 @@ mod tests {
     /// ready, never reported, cordoned by a request or not.
     #[test]
     fn a_trimmed_node_decides_as_the_whole_one() {
-        let request = request();
+        let request = NodeMaintenanceRef(
+            fixtures::request("upgrade")
+                .namespace("default")
+                .node("node-1")
+                .requestor("test")
+                .uid("uid-1")
+                .build(),
+        );
         for ready in [Some("True"), Some("False"), Some("Unknown"), None] {
             for cordoned_by in [None, Some(&request)] {
                 let whole = node(ready, cordoned_by);

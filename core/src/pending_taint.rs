@@ -111,46 +111,16 @@ pub fn taint_writes<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-    use maintenance_crds::{DrainSpec, NodeMaintenanceSpec};
+    use crate::fixtures;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn request(node: &str, drain: bool) -> NodeMaintenance {
-        let mut r = NodeMaintenance::new(
-            &format!("nm-{node}"),
-            NodeMaintenanceSpec {
-                requestor_id: "example.com".into(),
-                node_name: node.into(),
-                drain_spec: drain.then(DrainSpec::default),
-                ..NodeMaintenanceSpec::default()
-            },
-        );
-        r.metadata.uid = Some(format!("uid-{node}"));
-        r
-    }
-
-    fn node(name: &str, taints: &[(&str, &str)]) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                resource_version: Some("7".into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(NodeSpec {
-                taints: (!taints.is_empty()).then(|| {
-                    taints
-                        .iter()
-                        .map(|(key, effect)| Taint {
-                            key: (*key).into(),
-                            effect: (*effect).into(),
-                            ..Taint::default()
-                        })
-                        .collect()
-                }),
-                ..NodeSpec::default()
-            }),
-            status: None,
-        }
+        fixtures::request(&format!("nm-{node}"))
+            .node(node)
+            .requestor("example.com")
+            .uid(&format!("uid-{node}"))
+            .drain(drain)
+            .build()
     }
 
     fn admitted(mut r: NodeMaintenance) -> NodeMaintenance {
@@ -184,7 +154,7 @@ mod tests {
     #[test]
     fn the_taint_is_added_beside_other_taints_and_removed_leaving_them() {
         let other = ("gpu", "NoSchedule");
-        let plain = node("a", &[other]);
+        let plain = fixtures::node("a").version("7").taints(&[other]).build();
         let wanted = HashSet::from(["a"]);
         let writes = taint_writes([&plain], &wanted, |_| false);
         assert_eq!(writes.len(), 1);
@@ -194,7 +164,10 @@ mod tests {
         assert_eq!(keys, ["gpu", PENDING_DRAIN_TAINT_KEY]);
         assert_eq!(writes[0].taints[1].effect, "PreferNoSchedule");
 
-        let tainted = node("a", &[other, (PENDING_DRAIN_TAINT_KEY, "PreferNoSchedule")]);
+        let tainted = fixtures::node("a")
+            .version("7")
+            .taints(&[other, (PENDING_DRAIN_TAINT_KEY, "PreferNoSchedule")])
+            .build();
         assert!(
             taint_writes([&tainted], &wanted, |_| false).is_empty(),
             "already right"
@@ -209,7 +182,10 @@ mod tests {
     #[test]
     fn a_taint_left_by_a_request_deleted_while_it_waited_is_removed() {
         // The request is gone (a Pending request has no finalizer): nothing wants the taint.
-        let tainted = node("a", &[(PENDING_DRAIN_TAINT_KEY, "PreferNoSchedule")]);
+        let tainted = fixtures::node("a")
+            .version("7")
+            .taints(&[(PENDING_DRAIN_TAINT_KEY, "PreferNoSchedule")])
+            .build();
         let wanted = wanted_nodes(true, std::iter::empty());
         let writes = taint_writes([&tainted], &wanted, |_| false);
         assert_eq!(writes.len(), 1);
@@ -218,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_node_with_a_write_in_flight_is_not_written_again() {
-        let plain = node("a", &[]);
+        let plain = fixtures::node("a").version("7").taints(&[]).build();
         let wanted = HashSet::from(["a"]);
         assert!(taint_writes([&plain], &wanted, |_| true).is_empty());
     }

@@ -623,10 +623,11 @@ mod legacy;
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use std::sync::Arc;
 
-    use super::*;
-    use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+    use crate::fixtures::{at, node};
+    use k8s_openapi::api::core::v1::{Node, NodeCondition};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use maintenance_crds::{NodeMaintenance, NodeMaintenanceSpec, Phase};
@@ -640,34 +641,19 @@ mod tests {
     /// `count` nodes; those whose index is in `unavailable` are cordoned or not Ready.
     fn nodes(count: usize, unavailable: &[usize]) -> Vec<NodeState> {
         (0..count)
-            .map(|index| NodeState {
-                name: node_name(index),
-                unavailable: unavailable.contains(&index),
-                labels: Arc::default(),
-            })
+            .map(|index| NodeState::for_test(&node_name(index), unavailable.contains(&index), &[]))
             .collect()
     }
 
     fn request(name: &str, node: usize, requestor: &str, phase: Phase) -> RequestState {
         RequestState {
-            namespace: NAMESPACE.to_string(),
-            name: name.to_string(),
-            node_name: node_name(node),
             requestor_id: requestor.to_string(),
-            phase,
-            created: Some(at(0)),
-            deleting: false,
-            released: false,
-            admission_retry: None,
+            ..RequestState::for_test(name, &node_name(node), phase, 0)
         }
     }
 
     fn pending(name: &str, node: usize) -> RequestState {
         request(name, node, "upgrade.example.com", Phase::Pending)
-    }
-
-    fn at(seconds: i64) -> jiff::Timestamp {
-        jiff::Timestamp::from_second(1_700_000_000 + seconds).unwrap()
     }
 
     fn limits(
@@ -991,14 +977,8 @@ mod tests {
     /// same allocation), a new resourceVersion is read again, and a node gone is forgotten.
     #[test]
     fn node_states_are_read_again_only_when_the_node_changes() {
-        let node = |name: &str, version: &str, pool: &str| Node {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                resource_version: Some(version.to_string()),
-                labels: Some([("pool".to_string(), pool.to_string())].into()),
-                ..ObjectMeta::default()
-            },
-            ..Node::default()
+        let node = |name: &str, version: &str, pool: &str| {
+            node(name).version(version).label("pool", pool).build()
         };
         let mut states = NodeStates::default();
         let first = states.observe(&[node("a", "1", "cpu"), node("b", "1", "cpu")]);
@@ -1375,28 +1355,9 @@ mod tests {
 
     #[test]
     fn snapshot_reads_unschedulable_and_ready_from_nodes() {
-        fn node(name: &str, unschedulable: Option<bool>, ready: Option<&str>) -> Node {
-            Node {
-                metadata: ObjectMeta {
-                    name: Some(name.to_string()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(NodeSpec {
-                    unschedulable,
-                    ..NodeSpec::default()
-                }),
-                status: Some(NodeStatus {
-                    conditions: ready.map(|status| {
-                        vec![NodeCondition {
-                            type_: "Ready".to_string(),
-                            status: status.to_string(),
-                            ..NodeCondition::default()
-                        }]
-                    }),
-                    ..NodeStatus::default()
-                }),
-            }
-        }
+        let node = |name: &str, unschedulable: Option<bool>, ready: Option<&str>| {
+            node(name).unschedulable(unschedulable).ready(ready).build()
+        };
         let request = NodeMaintenance {
             metadata: ObjectMeta {
                 namespace: Some("ns".to_string()),
@@ -1499,6 +1460,7 @@ mod tests {
 
     mod properties {
         use super::*;
+        use crate::fixtures::{arb_phase, int_or_percent, resolve_limit};
         use proptest::prelude::*;
 
         /// The limits and node sets, worked out independently of `schedule`.
@@ -1513,19 +1475,8 @@ mod tests {
         impl Expected {
             fn new(snapshot: &Snapshot, limits: &Limits) -> Expected {
                 let total = snapshot.nodes.len() as u64;
-                let resolve = |value: &IntOrString, round_up: bool| -> u64 {
-                    match value {
-                        IntOrString::Int(i) => u64::try_from(*i).unwrap(),
-                        IntOrString::String(s) => {
-                            let p: u64 = s.trim_end_matches('%').parse().unwrap();
-                            if round_up {
-                                (p * total).div_ceil(100)
-                            } else {
-                                p * total / 100
-                            }
-                        }
-                    }
-                };
+                let resolve =
+                    |value: &IntOrString, round_up: bool| resolve_limit(value, total, round_up);
                 let existing: BTreeSet<String> =
                     snapshot.nodes.iter().map(|n| n.name.clone()).collect();
                 let in_maintenance: BTreeSet<String> = snapshot
@@ -1624,13 +1575,6 @@ mod tests {
             )
         }
 
-        fn int_or_percent(max_int: i32) -> impl Strategy<Value = IntOrString> {
-            prop_oneof![
-                (0..=max_int).prop_map(IntOrString::Int),
-                (0..=100u32).prop_map(|p| IntOrString::String(format!("{p}%"))),
-            ]
-        }
-
         fn arb_limits() -> impl Strategy<Value = Limits> {
             (int_or_percent(8), proptest::option::of(int_or_percent(8))).prop_map(
                 |(max_parallel_operations, max_unavailable)| Limits {
@@ -1639,13 +1583,6 @@ mod tests {
                     ..Limits::default()
                 },
             )
-        }
-
-        fn arb_phase() -> impl Strategy<Value = Phase> {
-            prop_oneof![
-                3 => Just(Phase::Pending),
-                1 => proptest::sample::select(Phase::ALL.to_vec()),
-            ]
         }
 
         fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
@@ -1667,10 +1604,8 @@ mod tests {
                     nodes: unavailable
                         .into_iter()
                         .enumerate()
-                        .map(|(index, unavailable)| NodeState {
-                            name: node_name(index),
-                            unavailable,
-                            labels: Arc::default(),
+                        .map(|(index, unavailable)| {
+                            NodeState::for_test(&node_name(index), unavailable, &[])
                         })
                         .collect(),
                     requests: requests

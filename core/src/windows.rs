@@ -186,6 +186,7 @@ pub fn describe_time(time: &Zoned) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::time;
 
     fn window(schedule: &str, duration: &str, time_zone: Option<&str>) -> MaintenanceWindow {
         MaintenanceWindow {
@@ -199,34 +200,30 @@ mod tests {
         Window::parse(0, &window(schedule, duration, time_zone)).expect("valid window")
     }
 
-    fn at(text: &str) -> Timestamp {
-        text.parse().expect("RFC 3339 timestamp")
-    }
-
     #[test]
     fn a_nightly_berlin_window_is_open_from_its_opening_for_its_duration() {
         // 01:00-03:00 in Berlin, which is UTC+1 in January.
         let nightly = parse("0 1 * * *", "2h", Some("Europe/Berlin"));
-        assert!(!nightly.is_open(at("2026-01-14T23:59:59Z")));
-        assert!(nightly.is_open(at("2026-01-15T00:00:00Z")));
-        assert!(nightly.is_open(at("2026-01-15T01:59:59Z")));
-        assert!(!nightly.is_open(at("2026-01-15T02:00:00Z")));
+        assert!(!nightly.is_open(time("2026-01-14T23:59:59Z")));
+        assert!(nightly.is_open(time("2026-01-15T00:00:00Z")));
+        assert!(nightly.is_open(time("2026-01-15T01:59:59Z")));
+        assert!(!nightly.is_open(time("2026-01-15T02:00:00Z")));
         let next = nightly
-            .next_opening(at("2026-01-15T02:00:00Z"))
+            .next_opening(time("2026-01-15T02:00:00Z"))
             .expect("fires daily");
-        assert_eq!(next.timestamp(), at("2026-01-16T00:00:00Z"));
+        assert_eq!(next.timestamp(), time("2026-01-16T00:00:00Z"));
         assert_eq!(describe_time(&next), "2026-01-16 01:00 CET (Europe/Berlin)");
         // In July Berlin is UTC+2: the same local hour is an hour earlier in UTC.
-        assert!(nightly.is_open(at("2026-07-15T23:30:00Z")));
-        assert!(!nightly.is_open(at("2026-07-16T01:00:00Z")));
+        assert!(nightly.is_open(time("2026-07-15T23:30:00Z")));
+        assert!(!nightly.is_open(time("2026-07-16T01:00:00Z")));
     }
 
     #[test]
     fn utc_is_the_default_and_not_repeated() {
         let hourly = parse("30 * * * *", "10m", None);
-        assert!(hourly.is_open(at("2026-01-15T07:35:00Z")));
-        assert!(!hourly.is_open(at("2026-01-15T07:45:00Z")));
-        let next = hourly.next_opening(at("2026-01-15T07:45:00Z")).unwrap();
+        assert!(hourly.is_open(time("2026-01-15T07:35:00Z")));
+        assert!(!hourly.is_open(time("2026-01-15T07:45:00Z")));
+        let next = hourly.next_opening(time("2026-01-15T07:45:00Z")).unwrap();
         assert_eq!(describe_time(&next), "2026-01-15 08:30 UTC");
     }
 
@@ -234,7 +231,9 @@ mod tests {
     fn a_window_longer_than_its_period_never_closes() {
         let always = parse("* * * * *", "5m", None);
         for minute in 0..120 {
-            assert!(always.is_open(at("2026-01-15T07:00:30Z") + SignedDuration::from_mins(minute)));
+            assert!(
+                always.is_open(time("2026-01-15T07:00:30Z") + SignedDuration::from_mins(minute))
+            );
         }
     }
 
@@ -242,23 +241,26 @@ mod tests {
     fn weekdays_and_shorthands_follow_crontab() {
         // 2026-01-17 is a Saturday.
         let weekdays = parse("0 22 * * 1-5", "4h", Some("UTC"));
-        assert!(weekdays.is_open(at("2026-01-16T23:00:00Z")), "Friday night");
         assert!(
-            !weekdays.is_open(at("2026-01-17T23:00:00Z")),
+            weekdays.is_open(time("2026-01-16T23:00:00Z")),
+            "Friday night"
+        );
+        assert!(
+            !weekdays.is_open(time("2026-01-17T23:00:00Z")),
             "Saturday night"
         );
         let daily = parse("@daily", "1h", None);
-        assert!(daily.is_open(at("2026-01-17T00:30:00Z")));
-        assert!(!daily.is_open(at("2026-01-17T01:30:00Z")));
+        assert!(daily.is_open(time("2026-01-17T00:30:00Z")));
+        assert!(!daily.is_open(time("2026-01-17T01:30:00Z")));
     }
 
     #[test]
     fn day_of_month_and_day_of_week_are_or_ed_as_in_cron() {
         // The 1st of the month or a Monday: 2026-01-01 is a Thursday, 2026-01-05 a Monday.
         let either = parse("0 3 1 * 1", "1h", None);
-        assert!(either.is_open(at("2026-01-01T03:30:00Z")));
-        assert!(either.is_open(at("2026-01-05T03:30:00Z")));
-        assert!(!either.is_open(at("2026-01-06T03:30:00Z")));
+        assert!(either.is_open(time("2026-01-01T03:30:00Z")));
+        assert!(either.is_open(time("2026-01-05T03:30:00Z")));
+        assert!(!either.is_open(time("2026-01-06T03:30:00Z")));
     }
 
     #[test]
@@ -279,8 +281,8 @@ mod tests {
                 .unwrap();
             let tz = TIME_ZONES.get(zone).unwrap();
             let minutes = parse_duration(duration).unwrap().as_mins();
-            let mut now = at("2026-03-01T00:00:00Z");
-            while now < at("2026-03-20T00:00:00Z") {
+            let mut now = time("2026-03-01T00:00:00Z");
+            while now < time("2026-03-20T00:00:00Z") {
                 let expected = (0..minutes).any(|back| {
                     let t = now - SignedDuration::from_mins(back);
                     cron.is_time_matching(&t.to_zoned(tz.clone())).unwrap()
@@ -296,13 +298,13 @@ mod tests {
         // 2026-03-08 02:00 does not exist in New York (02:00 EST -> 03:00 EDT): as with
         // vixie cron, the window opens at 03:00 EDT rather than skipping the night.
         let nightly = parse("0 2 * * *", "1h", Some("America/New_York"));
-        let next = nightly.next_opening(at("2026-03-08T06:00:00Z")).unwrap();
+        let next = nightly.next_opening(time("2026-03-08T06:00:00Z")).unwrap();
         assert_eq!(
             describe_time(&next),
             "2026-03-08 03:00 EDT (America/New_York)"
         );
-        assert!(nightly.is_open(at("2026-03-08T07:30:00Z")));
-        assert!(!nightly.is_open(at("2026-03-08T08:00:00Z")));
+        assert!(nightly.is_open(time("2026-03-08T07:30:00Z")));
+        assert!(!nightly.is_open(time("2026-03-08T08:00:00Z")));
     }
 
     #[test]
@@ -312,10 +314,13 @@ mod tests {
             window("0 12 * * *", "1h", Some("America/New_York")),
         ])
         .unwrap();
-        assert_eq!(windows.state(at("2026-01-15T00:30:00Z")), WindowState::Open);
+        assert_eq!(
+            windows.state(time("2026-01-15T00:30:00Z")),
+            WindowState::Open
+        );
         let WindowState::Closed {
             next_opening: Some(next),
-        } = windows.state(at("2026-01-15T03:00:00Z"))
+        } = windows.state(time("2026-01-15T03:00:00Z"))
         else {
             panic!("closed with a next opening");
         };
@@ -324,7 +329,7 @@ mod tests {
             "2026-01-15 12:00 EST (America/New_York)"
         );
         assert_eq!(
-            Windows::default().state(at("2026-01-15T03:00:00Z")),
+            Windows::default().state(time("2026-01-15T03:00:00Z")),
             WindowState::Unrestricted
         );
     }
@@ -333,7 +338,7 @@ mod tests {
     fn a_schedule_that_never_fires_is_closed_for_good() {
         let never = Windows::parse(&[window("0 0 31 2 *", "1h", None)]).unwrap();
         assert_eq!(
-            never.state(at("2026-01-15T03:00:00Z")),
+            never.state(time("2026-01-15T03:00:00Z")),
             WindowState::Closed { next_opening: None }
         );
     }

@@ -2,10 +2,10 @@
 //! left, and says by how much; room is never counted twice in one round; nodes in maintenance,
 //! unavailable nodes and drains in progress are accounted; with the check off nothing changes.
 
-use super::fleet_tests::{NAMESPACE, at, key, request};
+use super::fleet_tests::{NAMESPACE, key};
 use super::*;
 use crate::capacity::{CapacityCheck, CapacityNode, CapacityObserver, CapacityPod, Resources};
-use crate::fixtures::{owned_by, pod, with_phase};
+use crate::fixtures::{at, owned_by, pod, with_phase};
 use k8s_openapi::api::core::v1::{
     Container, Node, NodeSpec, NodeStatus, Pod, ResourceRequirements, Taint,
 };
@@ -15,14 +15,6 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::{DrainSpec, NodeMaintenanceSpec, Phase};
 
 const GI: i64 = 1 << 30;
-
-fn state(name: &str, unavailable: bool) -> NodeState {
-    NodeState {
-        name: name.to_string(),
-        unavailable,
-        labels: std::sync::Arc::default(),
-    }
-}
 
 fn cpu(milli: i64) -> Resources {
     Resources {
@@ -91,14 +83,18 @@ fn run(snapshot: &Snapshot, capacity: &CapacityCheck) -> Decision {
 
 fn three_nodes(requests: Vec<RequestState>) -> Snapshot {
     Snapshot {
-        nodes: vec![state("n1", false), state("n2", false), state("n3", false)],
+        nodes: vec![
+            NodeState::for_test("n1", false, &[]),
+            NodeState::for_test("n2", false, &[]),
+            NodeState::for_test("n3", false, &[]),
+        ],
         requests,
     }
 }
 
 #[test]
 fn a_drain_whose_pods_do_not_fit_waits_and_says_by_how_much() {
-    let snapshot = three_nodes(vec![request("a", "n1", Phase::Pending, 0)]);
+    let snapshot = three_nodes(vec![RequestState::for_test("a", "n1", Phase::Pending, 0)]);
     // n1's pods need 5 CPU; n2 and n3 have 1 CPU free each.
     let capacity = check(
         vec![room("n1", 0), room("n2", 3000), room("n3", 3000)],
@@ -119,8 +115,8 @@ fn a_drain_whose_pods_do_not_fit_waits_and_says_by_how_much() {
 fn room_is_not_counted_twice_in_one_round() {
     // Each drain needs 3 CPU; n3 has 3 CPU free, n1 and n2 are emptied by the drains.
     let snapshot = three_nodes(vec![
-        request("a", "n1", Phase::Pending, 0),
-        request("b", "n2", Phase::Pending, 10),
+        RequestState::for_test("a", "n1", Phase::Pending, 0),
+        RequestState::for_test("b", "n2", Phase::Pending, 10),
     ]);
     let capacity = check(
         vec![room("n1", 3000), room("n2", 3000), room("n3", 1000)],
@@ -138,14 +134,14 @@ fn room_is_not_counted_twice_in_one_round() {
 
 #[test]
 fn capacity_added_later_admits_the_request() {
-    let snapshot = three_nodes(vec![request("a", "n1", Phase::Pending, 0)]);
+    let snapshot = three_nodes(vec![RequestState::for_test("a", "n1", Phase::Pending, 0)]);
     let mut capacity = check(
         vec![room("n1", 0), room("n2", 4000), room("n3", 4000)],
         &[("a", pods("web", &[1000]))],
     );
     assert!(run(&snapshot, &capacity).scheduled.is_empty());
     let mut grown = snapshot.clone();
-    grown.nodes.push(state("n4", false));
+    grown.nodes.push(NodeState::for_test("n4", false, &[]));
     capacity.nodes.push(room("n4", 0));
     assert_eq!(run(&grown, &capacity).scheduled, vec![key("a")]);
 }
@@ -153,10 +149,10 @@ fn capacity_added_later_admits_the_request() {
 #[test]
 fn nodes_in_maintenance_and_unavailable_nodes_take_no_pods() {
     let mut snapshot = three_nodes(vec![
-        request("busy", "n2", Phase::Draining, 0),
-        request("a", "n1", Phase::Pending, 10),
+        RequestState::for_test("busy", "n2", Phase::Draining, 0),
+        RequestState::for_test("a", "n1", Phase::Pending, 10),
     ]);
-    snapshot.nodes.push(state("n4", true)); // cordoned by someone else
+    snapshot.nodes.push(NodeState::for_test("n4", true, &[])); // cordoned by someone else
     let capacity = check(
         vec![
             room("n1", 0),
@@ -174,8 +170,8 @@ fn nodes_in_maintenance_and_unavailable_nodes_take_no_pods() {
 #[test]
 fn pods_that_drains_in_progress_will_evict_take_room_first() {
     let snapshot = three_nodes(vec![
-        request("busy", "n2", Phase::Draining, 0),
-        request("a", "n1", Phase::Pending, 10),
+        RequestState::for_test("busy", "n2", Phase::Draining, 0),
+        RequestState::for_test("a", "n1", Phase::Pending, 10),
     ]);
     // n3 has 4 CPU free; busy's remaining 3 CPU of pods will land there first.
     let capacity = check(
@@ -196,7 +192,7 @@ fn pods_that_drains_in_progress_will_evict_take_room_first() {
 
 #[test]
 fn a_tainted_node_takes_only_tolerating_pods() {
-    let snapshot = three_nodes(vec![request("a", "n1", Phase::Pending, 0)]);
+    let snapshot = three_nodes(vec![RequestState::for_test("a", "n1", Phase::Pending, 0)]);
     let mut tainted = room("n2", 0);
     tainted.taints = vec![Taint {
         key: "dedicated".into(),
@@ -216,7 +212,7 @@ fn a_tainted_node_takes_only_tolerating_pods() {
 
 #[test]
 fn unreadable_pods_fail_closed_and_say_why() {
-    let snapshot = three_nodes(vec![request("a", "n1", Phase::Pending, 0)]);
+    let snapshot = three_nodes(vec![RequestState::for_test("a", "n1", Phase::Pending, 0)]);
     let capacity = CapacityCheck::unreadable("cannot list pods (timeout)".to_string());
     let decision = run(&snapshot, &capacity);
     assert!(decision.scheduled.is_empty());
@@ -229,7 +225,7 @@ fn unreadable_pods_fail_closed_and_say_why() {
 
 #[test]
 fn with_the_check_off_capacity_is_not_looked_at() {
-    let snapshot = three_nodes(vec![request("a", "n1", Phase::Pending, 0)]);
+    let snapshot = three_nodes(vec![RequestState::for_test("a", "n1", Phase::Pending, 0)]);
     let mut capacity = check(
         vec![room("n1", 0), room("n2", 4000), room("n3", 4000)],
         &[("a", pods("web", &[1000]))],
@@ -344,10 +340,10 @@ mod properties {
             let mut snapshot = Snapshot::default();
             let mut capacity = check(Vec::new(), &[]);
             for i in 0..n {
-                snapshot.nodes.push(state(&name(i), false));
+                snapshot.nodes.push(NodeState::for_test(&name(i), false, &[]));
                 capacity.nodes.push(room(&name(i), used[i]));
                 let phase = if in_maintenance[i] { Phase::Draining } else { Phase::Pending };
-                let request = request(&format!("r{i}"), &name(i), phase, i64::try_from(i).unwrap());
+                let request = RequestState::for_test(&format!("r{i}"), &name(i), phase, i64::try_from(i).unwrap());
                 capacity.evictions.insert(request.key(), pods(&format!("r{i}"), &demands[i]));
                 snapshot.requests.push(request);
             }

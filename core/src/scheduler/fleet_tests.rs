@@ -5,6 +5,7 @@ use super::legacy::legacy_schedule;
 use super::*;
 use crate::budgets::{GroupCount, GroupStatus};
 use crate::drainability::{DrainBlocker, PreferDrainable};
+use crate::fixtures::{at, time};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::{Budget, MaintenanceWindow, Phase};
@@ -12,42 +13,6 @@ use maintenance_crds::{Budget, MaintenanceWindow, Phase};
 pub(super) const NAMESPACE: &str = "team";
 const ZONE: &str = "topology.kubernetes.io/zone";
 const POOL: &str = "pool";
-
-pub(super) fn at(seconds: i64) -> jiff::Timestamp {
-    jiff::Timestamp::from_second(1_700_000_000 + seconds).unwrap()
-}
-
-fn time(text: &str) -> jiff::Timestamp {
-    text.parse().unwrap()
-}
-
-fn node(name: &str, unavailable: bool, labels: &[(&str, &str)]) -> NodeState {
-    NodeState {
-        name: name.to_string(),
-        unavailable,
-        labels: std::sync::Arc::new(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        ),
-    }
-}
-
-/// A request on `node`, created `created` seconds after the epoch of [`at`].
-pub(super) fn request(name: &str, node: &str, phase: Phase, created: i64) -> RequestState {
-    RequestState {
-        namespace: NAMESPACE.to_string(),
-        name: name.to_string(),
-        node_name: node.to_string(),
-        requestor_id: "fw.example.com".to_string(),
-        phase,
-        created: Some(at(created)),
-        deleting: false,
-        released: false,
-        admission_retry: None,
-    }
-}
 
 pub(super) fn key(name: &str) -> RequestKey {
     RequestKey {
@@ -114,7 +79,7 @@ fn waiting<'d>(decision: &'d Decision, name: &str) -> &'d Waiting {
 fn two_zones() -> Vec<NodeState> {
     (0..6)
         .map(|i| {
-            node(
+            NodeState::for_test(
                 &format!("n{i}"),
                 false,
                 &[(ZONE, if i < 3 { "a" } else { "b" })],
@@ -142,10 +107,10 @@ fn one_zone_unavailable_at_a_time_admits_only_the_first_zone() {
     let limits = one_zone_at_a_time(|b| b.max_unavailable_groups = Some(1));
     // Interleaved zones, oldest first: n0 (a), n3 (b), n1 (a), n4 (b).
     let requests = vec![
-        request("a0", "n0", Phase::Pending, 0),
-        request("b3", "n3", Phase::Pending, 1),
-        request("a1", "n1", Phase::Pending, 2),
-        request("b4", "n4", Phase::Pending, 3),
+        RequestState::for_test("a0", "n0", Phase::Pending, 0),
+        RequestState::for_test("b3", "n3", Phase::Pending, 1),
+        RequestState::for_test("a1", "n1", Phase::Pending, 2),
+        RequestState::for_test("b4", "n4", Phase::Pending, 3),
     ];
     let decision = decide(two_zones(), requests, &limits);
     assert_eq!(decision.scheduled, keys(&["a0", "a1"]));
@@ -165,8 +130,8 @@ fn zone_b_goes_once_zone_a_is_released() {
     let limits = one_zone_at_a_time(|b| b.max_unavailable_groups = Some(1));
     // Zone a still in maintenance: zone b waits.
     let busy = vec![
-        request("a0", "n0", Phase::Ready, 0),
-        request("b3", "n3", Phase::Pending, 1),
+        RequestState::for_test("a0", "n0", Phase::Ready, 0),
+        RequestState::for_test("b3", "n3", Phase::Pending, 1),
     ];
     let decision = decide(two_zones(), busy, &limits);
     assert!(decision.scheduled.is_empty());
@@ -175,7 +140,7 @@ fn zone_b_goes_once_zone_a_is_released() {
         WaitCause::MaxUnavailableGroups
     );
     // Released (the request is gone, the node uncordoned): zone b goes.
-    let released = vec![request("b3", "n3", Phase::Pending, 1)];
+    let released = vec![RequestState::for_test("b3", "n3", Phase::Pending, 1)];
     assert_eq!(
         decide(two_zones(), released, &limits).scheduled,
         keys(&["b3"])
@@ -187,8 +152,8 @@ fn a_broken_node_makes_its_zone_unavailable_but_not_in_maintenance() {
     let mut nodes = two_zones();
     nodes[1].unavailable = true; // n1 in zone a is cordoned by someone else
     let requests = vec![
-        request("b3", "n3", Phase::Pending, 0),
-        request("a0", "n0", Phase::Pending, 1),
+        RequestState::for_test("b3", "n3", Phase::Pending, 0),
+        RequestState::for_test("a0", "n0", Phase::Pending, 1),
     ];
     // Unavailable groups: zone a already is, so zone b must wait and zone a may go.
     let decision = decide(
@@ -221,9 +186,9 @@ fn a_broken_node_makes_its_zone_unavailable_but_not_in_maintenance() {
 fn ten_percent_of_each_pool_rounds_up_per_pool() {
     // gpu: 20 nodes -> 2 at a time; cpu: 5 nodes -> 10% of 5 rounds up to 1.
     let mut nodes: Vec<NodeState> = (0..20)
-        .map(|i| node(&format!("gpu-{i:02}"), false, &[(POOL, "gpu")]))
+        .map(|i| NodeState::for_test(&format!("gpu-{i:02}"), false, &[(POOL, "gpu")]))
         .collect();
-    nodes.extend((0..5).map(|i| node(&format!("cpu-{i}"), false, &[(POOL, "cpu")])));
+    nodes.extend((0..5).map(|i| NodeState::for_test(&format!("cpu-{i}"), false, &[(POOL, "cpu")])));
     let mut pools = budget("pools");
     pools.group_by_label = Some(POOL.to_string());
     pools.max_parallel_operations = Some(percent("10%"));
@@ -232,10 +197,12 @@ fn ten_percent_of_each_pool_rounds_up_per_pool() {
         ..unlimited()
     };
     let mut requests: Vec<RequestState> = (0..4)
-        .map(|i| request(&format!("g{i}"), &format!("gpu-{i:02}"), Phase::Pending, i))
+        .map(|i| {
+            RequestState::for_test(&format!("g{i}"), &format!("gpu-{i:02}"), Phase::Pending, i)
+        })
         .collect();
     requests.extend((0..3).map(|i| {
-        request(
+        RequestState::for_test(
             &format!("c{i}"),
             &format!("cpu-{i}"),
             Phase::Pending,
@@ -279,10 +246,10 @@ fn ten_percent_of_each_pool_rounds_up_per_pool() {
 #[test]
 fn a_budget_limits_only_the_nodes_it_selects() {
     let nodes = vec![
-        node("gpu-0", false, &[(POOL, "gpu")]),
-        node("gpu-1", false, &[(POOL, "gpu")]),
-        node("cpu-0", false, &[(POOL, "cpu")]),
-        node("cpu-1", false, &[(POOL, "cpu")]),
+        NodeState::for_test("gpu-0", false, &[(POOL, "gpu")]),
+        NodeState::for_test("gpu-1", false, &[(POOL, "gpu")]),
+        NodeState::for_test("cpu-0", false, &[(POOL, "cpu")]),
+        NodeState::for_test("cpu-1", false, &[(POOL, "cpu")]),
     ];
     let mut gpu = budget("gpu");
     gpu.node_selector = match_labels(&[(POOL, "gpu")]);
@@ -294,7 +261,7 @@ fn a_budget_limits_only_the_nodes_it_selects() {
     let requests = ["gpu-0", "gpu-1", "cpu-0", "cpu-1"]
         .iter()
         .zip(0..)
-        .map(|(n, i)| request(n, n, Phase::Pending, i))
+        .map(|(n, i)| RequestState::for_test(n, n, Phase::Pending, i))
         .collect();
     let decision = decide(nodes, requests, &limits);
     assert_eq!(decision.scheduled, keys(&["gpu-0", "cpu-0", "cpu-1"]));
@@ -314,10 +281,10 @@ fn a_budget_limits_only_the_nodes_it_selects() {
 fn budget_max_unavailable_counts_its_own_unavailable_nodes_and_rounds_down() {
     // 9 gpu nodes, one cordoned; maxUnavailable 25% of 9 = 2 (rounded down): one more may go.
     let mut nodes: Vec<NodeState> = (0..9)
-        .map(|i| node(&format!("gpu-{i}"), i == 8, &[(POOL, "gpu")]))
+        .map(|i| NodeState::for_test(&format!("gpu-{i}"), i == 8, &[(POOL, "gpu")]))
         .collect();
     // A cordoned node outside the budget does not count against it.
-    nodes.push(node("cpu-0", true, &[(POOL, "cpu")]));
+    nodes.push(NodeState::for_test("cpu-0", true, &[(POOL, "cpu")]));
     let mut gpu = budget("gpu");
     gpu.node_selector = match_labels(&[(POOL, "gpu")]);
     gpu.max_unavailable = Some(percent("25%"));
@@ -326,10 +293,10 @@ fn budget_max_unavailable_counts_its_own_unavailable_nodes_and_rounds_down() {
         ..unlimited()
     };
     let requests = vec![
-        request("a", "gpu-0", Phase::Pending, 0),
-        request("b", "gpu-1", Phase::Pending, 1),
+        RequestState::for_test("a", "gpu-0", Phase::Pending, 0),
+        RequestState::for_test("b", "gpu-1", Phase::Pending, 1),
         // On the already-unavailable node: uses no room.
-        request("c", "gpu-8", Phase::Pending, 2),
+        RequestState::for_test("c", "gpu-8", Phase::Pending, 2),
     ];
     let decision = decide(nodes, requests, &limits);
     assert_eq!(decision.scheduled, keys(&["a", "c"]));
@@ -355,9 +322,9 @@ fn every_covering_budget_must_have_room_and_the_first_full_one_is_named() {
         ..unlimited()
     };
     let requests = vec![
-        request("a0", "n0", Phase::Pending, 0),
-        request("a1", "n1", Phase::Pending, 1),
-        request("b3", "n3", Phase::Pending, 2),
+        RequestState::for_test("a0", "n0", Phase::Pending, 0),
+        RequestState::for_test("a1", "n1", Phase::Pending, 1),
+        RequestState::for_test("b3", "n3", Phase::Pending, 2),
     ];
     let decision = decide(nodes, requests, &limits);
     assert_eq!(decision.scheduled, keys(&["a0", "b3"]));
@@ -371,8 +338,8 @@ fn the_cluster_wide_limits_still_apply_and_are_named_first() {
         ..one_zone_at_a_time(|b| b.max_unavailable_groups = Some(1))
     };
     let requests = vec![
-        request("a0", "n0", Phase::Pending, 0),
-        request("a1", "n1", Phase::Pending, 1),
+        RequestState::for_test("a0", "n0", Phase::Pending, 0),
+        RequestState::for_test("a1", "n1", Phase::Pending, 1),
     ];
     let decision = decide(two_zones(), requests, &limits);
     assert_eq!(decision.scheduled, keys(&["a0"]));
@@ -384,11 +351,11 @@ fn the_cluster_wide_limits_still_apply_and_are_named_first() {
 #[test]
 fn covered_nodes_without_the_label_form_a_group_of_their_own() {
     let mut nodes = two_zones();
-    nodes.push(node("bare", false, &[]));
+    nodes.push(NodeState::for_test("bare", false, &[]));
     let limits = one_zone_at_a_time(|b| b.max_groups_in_maintenance = Some(1));
     let requests = vec![
-        request("bare", "bare", Phase::Pending, 0),
-        request("a0", "n0", Phase::Pending, 1),
+        RequestState::for_test("bare", "bare", Phase::Pending, 0),
+        RequestState::for_test("a0", "n0", Phase::Pending, 1),
     ];
     let decision = decide(nodes, requests, &limits);
     assert_eq!(decision.scheduled, keys(&["bare"]));
@@ -415,13 +382,13 @@ fn a_reason_names_a_few_groups_not_all() {
     let zones = ["a", "b", "c", "d", "e", "f"];
     let nodes: Vec<NodeState> = zones
         .iter()
-        .map(|z| node(&format!("n-{z}"), false, &[(ZONE, z)]))
+        .map(|z| NodeState::for_test(&format!("n-{z}"), false, &[(ZONE, z)]))
         .collect();
     let mut requests: Vec<RequestState> = zones[..5]
         .iter()
-        .map(|z| request(z, &format!("n-{z}"), Phase::Draining, 0))
+        .map(|z| RequestState::for_test(z, &format!("n-{z}"), Phase::Draining, 0))
         .collect();
-    requests.push(request("f", "n-f", Phase::Pending, 0));
+    requests.push(RequestState::for_test("f", "n-f", Phase::Pending, 0));
     let decision = decide(
         nodes,
         requests,
@@ -444,9 +411,9 @@ fn outside_the_cluster_windows_nothing_is_admitted_and_the_next_opening_is_named
     };
     let nodes = two_zones();
     let requests = vec![
-        request("a0", "n0", Phase::Pending, 0),
+        RequestState::for_test("a0", "n0", Phase::Pending, 0),
         // Work in progress is no admission: it stays as it is.
-        request("b3", "n3", Phase::Draining, 0),
+        RequestState::for_test("b3", "n3", Phase::Draining, 0),
     ];
     let snapshot = Snapshot { nodes, requests };
     let noon = schedule(&snapshot, &limits, time("2026-01-15T12:00:00Z")).unwrap();
@@ -481,8 +448,8 @@ fn a_budget_window_holds_only_the_nodes_it_covers() {
         ..unlimited()
     };
     let requests = vec![
-        request("a0", "n0", Phase::Pending, 0),
-        request("b3", "n3", Phase::Pending, 1),
+        RequestState::for_test("a0", "n0", Phase::Pending, 0),
+        RequestState::for_test("b3", "n3", Phase::Pending, 1),
     ];
     let snapshot = Snapshot {
         nodes: two_zones(),
@@ -513,7 +480,7 @@ fn both_levels_must_be_open() {
     };
     let snapshot = Snapshot {
         nodes: two_zones(),
-        requests: vec![request("b3", "n3", Phase::Pending, 0)],
+        requests: vec![RequestState::for_test("b3", "n3", Phase::Pending, 0)],
     };
     for now in ["2026-01-15T12:30:00Z", "2026-01-15T22:30:00Z"] {
         let decision = schedule(&snapshot, &limits, time(now)).unwrap();
@@ -525,7 +492,7 @@ fn both_levels_must_be_open() {
 fn an_unusable_budget_or_window_stops_admission_and_says_what_to_fix() {
     let snapshot = Snapshot {
         nodes: two_zones(),
-        requests: vec![request("a0", "n0", Phase::Pending, 0)],
+        requests: vec![RequestState::for_test("a0", "n0", Phase::Pending, 0)],
     };
     let mut bad_selector = budget("gpu");
     bad_selector.node_selector = Some(LabelSelector {
@@ -611,10 +578,13 @@ fn prefer(blocked: &[(&str, &str)]) -> PreferDrainable {
 #[test]
 fn prefer_drainable_admits_a_drainable_node_before_an_older_blocked_one() {
     let snapshot = Snapshot {
-        nodes: vec![node("n1", false, &[]), node("n2", false, &[])],
+        nodes: vec![
+            NodeState::for_test("n1", false, &[]),
+            NodeState::for_test("n2", false, &[]),
+        ],
         requests: vec![
-            request("old", "n1", Phase::Pending, 0),
-            request("new", "n2", Phase::Pending, 10),
+            RequestState::for_test("old", "n1", Phase::Pending, 0),
+            RequestState::for_test("new", "n2", Phase::Pending, 10),
         ],
     };
     let limits = Limits {
@@ -654,10 +624,13 @@ fn prefer_drainable_admits_a_drainable_node_before_an_older_blocked_one() {
 #[test]
 fn a_passed_over_request_ages_and_wins() {
     let snapshot = Snapshot {
-        nodes: vec![node("n1", false, &[]), node("n2", false, &[])],
+        nodes: vec![
+            NodeState::for_test("n1", false, &[]),
+            NodeState::for_test("n2", false, &[]),
+        ],
         requests: vec![
-            request("old", "n1", Phase::Pending, 0),
-            request("new", "n2", Phase::Pending, 10),
+            RequestState::for_test("old", "n1", Phase::Pending, 0),
+            RequestState::for_test("new", "n2", Phase::Pending, 10),
         ],
     };
     let limits = Limits {
@@ -675,10 +648,13 @@ fn a_passed_over_request_ages_and_wins() {
 #[test]
 fn a_blocked_request_still_takes_a_slot_nobody_else_wants() {
     let snapshot = Snapshot {
-        nodes: vec![node("n1", false, &[]), node("n2", false, &[])],
+        nodes: vec![
+            NodeState::for_test("n1", false, &[]),
+            NodeState::for_test("n2", false, &[]),
+        ],
         requests: vec![
-            request("a", "n1", Phase::Pending, 0),
-            request("b", "n2", Phase::Pending, 10),
+            RequestState::for_test("a", "n1", Phase::Pending, 0),
+            RequestState::for_test("b", "n2", Phase::Pending, 10),
         ],
     };
     let limits = Limits {
@@ -697,6 +673,7 @@ fn a_blocked_request_still_takes_a_slot_nobody_else_wants() {
 
 mod properties {
     use super::*;
+    use crate::fixtures::{arb_phase, int_or_percent, resolve_limit};
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
@@ -798,13 +775,6 @@ mod properties {
         window: Window,
     }
 
-    fn int_or_percent(max_int: i32) -> impl Strategy<Value = IntOrString> {
-        prop_oneof![
-            (0..=max_int).prop_map(IntOrString::Int),
-            (0..=100u32).prop_map(|p| IntOrString::String(format!("{p}%"))),
-        ]
-    }
-
     fn arb_budget() -> impl Strategy<Value = TestBudget> {
         let select = prop_oneof![
             Just(Select::All),
@@ -843,13 +813,6 @@ mod properties {
             )
     }
 
-    fn arb_phase() -> impl Strategy<Value = Phase> {
-        prop_oneof![
-            3 => Just(Phase::Pending),
-            1 => proptest::sample::select(Phase::ALL.to_vec()),
-        ]
-    }
-
     fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
         (0usize..12).prop_flat_map(|node_count| {
             let arb_node = (
@@ -874,7 +837,7 @@ mod properties {
                         let mut labels = Vec::new();
                         labels.extend(zone.map(|z| (ZONE, z)));
                         labels.extend(pool.map(|p| (POOL, p)));
-                        node(&format!("node-{index:02}"), unavailable, &labels)
+                        NodeState::for_test(&format!("node-{index:02}"), unavailable, &labels)
                     })
                     .collect(),
                 requests: requests
@@ -926,20 +889,6 @@ mod properties {
                 budgets,
                 window,
             })
-    }
-
-    fn resolve(value: &IntOrString, total: u64, round_up: bool) -> u64 {
-        match value {
-            IntOrString::Int(i) => u64::try_from(*i).unwrap(),
-            IntOrString::String(s) => {
-                let p: u64 = s.trim_end_matches('%').parse().unwrap();
-                if round_up {
-                    (p * total).div_ceil(100)
-                } else {
-                    p * total / 100
-                }
-            }
-        }
     }
 
     /// The cluster and every budget as the rules describe them, written independently of the
@@ -1012,7 +961,7 @@ mod properties {
                 return Err("admitted outside the cluster-wide windows".into());
             }
             let total = self.case.snapshot.nodes.len() as u64;
-            let parallel = resolve(&self.case.limits.max_parallel_operations, total, true);
+            let parallel = resolve_limit(&self.case.limits.max_parallel_operations, total, true);
             // Only the slots that were free may be used.
             if nodes.len() as u64 > parallel.saturating_sub(self.in_maintenance.len() as u64) {
                 return Err("maxParallelOperations exceeded".into());
@@ -1023,7 +972,7 @@ mod properties {
                 .filter(|n| !self.unavailable.contains(n))
                 .collect();
             if let Some(limit) = &self.case.limits.max_unavailable {
-                let limit = resolve(limit, total, false);
+                let limit = resolve_limit(limit, total, false);
                 if newly.len() as u64 > limit.saturating_sub(self.unavailable.len() as u64) {
                     return Err("maxUnavailable exceeded".into());
                 }
@@ -1072,7 +1021,7 @@ mod properties {
                         .filter(|n| !self.unavailable.contains(**n))
                         .count() as u64;
                     if let Some(limit) = &budget.max_parallel_operations {
-                        let limit = resolve(limit, size, true);
+                        let limit = resolve_limit(limit, size, true);
                         if added.len() as u64 > limit.saturating_sub(maintained) {
                             return Err(format!(
                                 "b{index} {group}: maxParallelOperations exceeded"
@@ -1080,7 +1029,7 @@ mod properties {
                         }
                     }
                     if let Some(limit) = &budget.max_unavailable {
-                        let limit = resolve(limit, size, false);
+                        let limit = resolve_limit(limit, size, false);
                         if added_down > limit.saturating_sub(down) {
                             return Err(format!("b{index} {group}: maxUnavailable exceeded"));
                         }
