@@ -1,7 +1,7 @@
 //! The validating admission webhook for NodeMaintenance, served over HTTPS by every replica (not
 //! only the leader: the API server calls whichever pod its Service picks).
 //!
-//! What it decides is `maintenance_core::admission::review`; this module reads AdmissionReview v1
+//! What it decides is `maintenance_core::validation::review`; this module reads AdmissionReview v1
 //! requests, looks up the node of a CREATE, and answers. The certificate comes from PEM files
 //! (a mounted Secret, written by cert-manager or by the Helm chart) and is reloaded when they
 //! change, so a rotation needs no restart.
@@ -25,7 +25,7 @@ use kube::core::admission::{
 };
 use kube::core::{DynamicObject, Status};
 use maintenance_actors::metrics::Metrics;
-use maintenance_core::admission::{self, NodePresence, Outcome, Review, Verdict};
+use maintenance_core::validation::{self, NodePresence, Outcome, Review, Verdict};
 use maintenance_crds::NodeMaintenance;
 
 /// The path NVIDIA's operator serves the same webhook on, so that existing registrations work.
@@ -227,7 +227,7 @@ struct Reviewer {
 }
 
 impl Reviewer {
-    fn count(&self, operation: admission::Operation, outcome: Outcome) {
+    fn count(&self, operation: validation::Operation, outcome: Outcome) {
         self.metrics
             .admission_reviews_total
             .with_label_values(&[operation.as_str(), outcome.as_str()])
@@ -251,12 +251,12 @@ async fn validate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Respons
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
         Ok(review) => review,
         Err(err) => {
-            reviewer.count(admission::Operation::Other, Outcome::Error);
+            reviewer.count(validation::Operation::Other, Outcome::Error);
             return bad_request(format!("the body is no AdmissionReview: {err}"));
         }
     };
     if review.types.api_version != META_API_VERSION_V1 {
-        reviewer.count(admission::Operation::Other, Outcome::Error);
+        reviewer.count(validation::Operation::Other, Outcome::Error);
         return bad_request(format!(
             "AdmissionReview {:?} is not supported, only {META_API_VERSION_V1} (list only v1 in \
              admissionReviewVersions)",
@@ -266,7 +266,7 @@ async fn validate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Respons
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(request) => request,
         Err(_) => {
-            reviewer.count(admission::Operation::Other, Outcome::Error);
+            reviewer.count(validation::Operation::Other, Outcome::Error);
             return bad_request("the AdmissionReview has no request".into());
         }
     };
@@ -312,13 +312,13 @@ enum Answer {
 async fn answer(
     reviewer: &Reviewer,
     request: &AdmissionRequest<DynamicObject>,
-) -> (admission::Operation, Answer) {
+) -> (validation::Operation, Answer) {
     let operation = match request.operation {
-        Operation::Create => admission::Operation::Create,
-        Operation::Update => admission::Operation::Update,
-        Operation::Delete | Operation::Connect => admission::Operation::Other,
+        Operation::Create => validation::Operation::Create,
+        Operation::Update => validation::Operation::Update,
+        Operation::Delete | Operation::Connect => validation::Operation::Other,
     };
-    if operation == admission::Operation::Other || request.kind.kind != "NodeMaintenance" {
+    if operation == validation::Operation::Other || request.kind.kind != "NodeMaintenance" {
         tracing::warn!(
             kind = %request.kind.kind,
             operation = ?request.operation,
@@ -340,8 +340,8 @@ async fn answer(
         }
         Err(err) => return (operation, Answer::Failed(StatusCode::BAD_REQUEST, err)),
     };
-    let verdict = if operation == admission::Operation::Create {
-        let node = match admission::node_to_look_up(&object) {
+    let verdict = if operation == validation::Operation::Create {
+        let node = match validation::node_to_look_up(&object) {
             Some(name) => match lookup(&reviewer.nodes, name).await {
                 Ok(node) => node,
                 Err(err) => {
@@ -354,13 +354,13 @@ async fn answer(
             // Not a node name: nothing to look up, the review refuses it.
             None => NodePresence::Missing,
         };
-        admission::review(&object, Review::Create { node })
+        validation::review(&object, Review::Create { node })
     } else {
         let old = match decode(request, request.old_object.as_ref()) {
             Ok(old) => old,
             Err(err) => return (operation, Answer::Failed(StatusCode::BAD_REQUEST, err)),
         };
-        admission::review(&object, Review::Update { old: old.as_ref() })
+        validation::review(&object, Review::Update { old: old.as_ref() })
     };
     if let Verdict::Denied { reason, message } = &verdict {
         tracing::info!(uid = %request.uid, %reason, %message, "refused a NodeMaintenance");
@@ -487,7 +487,7 @@ mod tests {
         let response = respond(
             &request,
             Verdict::Denied {
-                reason: admission::DenyReason::NodeNotFound,
+                reason: validation::DenyReason::NodeNotFound,
                 message: "NodeMaintenance team-a/fw: node \"node-7\" does not exist".into(),
             },
         );

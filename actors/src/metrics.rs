@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
-use maintenance_core::admission::{Operation, Outcome};
+use maintenance_core::validation::{Operation, Outcome};
 
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -440,7 +440,7 @@ impl Metrics {
                 .with_label_values(&[cause.as_str()])
                 .set(0);
         }
-        for cause in maintenance_core::collection::Cause::METRIC_LABELS {
+        for cause in maintenance_core::gc::Cause::METRIC_LABELS {
             self.requests_garbage_collected_total
                 .with_label_values(&[cause]);
         }

@@ -5,10 +5,8 @@
 //! call these functions and execute what they return.
 
 pub mod actor_runs;
-pub mod admission;
 pub mod budgets;
 pub mod capacity;
-pub mod collection;
 pub mod conditions;
 pub mod cordon_mark;
 pub mod drain_plan;
@@ -18,6 +16,7 @@ pub mod explain;
 pub mod failed_step;
 #[cfg(test)]
 mod fixtures;
+pub mod gc;
 pub mod label_selector;
 pub mod leader;
 pub mod lifecycle;
@@ -28,4 +27,5 @@ pub mod plan_input;
 pub mod pod_view;
 pub mod scheduler;
 pub mod tracker;
+pub mod validation;
 pub mod windows;

@@ -19,10 +19,10 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use maintenance_core::actor_runs::{ActorAction, RunEnd};
 use maintenance_core::capacity::CapacityCheck;
-use maintenance_core::collection;
 use maintenance_core::cordon_mark::{self, OrphanSightings};
 use maintenance_core::drainability::{DrainBlocker, PreferDrainable};
 use maintenance_core::explain::Explanations;
+use maintenance_core::gc;
 use maintenance_core::lifecycle;
 use maintenance_core::node_view;
 use maintenance_core::scheduler::{
@@ -534,7 +534,7 @@ fn execute(
     decision: Decision,
     cache: &Cache<'_>,
     limits: &Limits,
-    policy: &collection::Policy,
+    policy: &gc::Policy,
     now: jiff::Timestamp,
 ) -> HashMap<(String, String), (String, WaitCause)> {
     let ctx = state.ctx.clone();
@@ -574,7 +574,7 @@ fn execute(
         if let Some(request) = cache.request_named(&entry.key.namespace, &entry.key.name)
             && !cache.node_exists(&request.spec.node_name)
         {
-            entry.reason = collection::node_not_found_message(request, policy);
+            entry.reason = gc::node_not_found_message(request, policy);
         }
     }
     writes::pending::explain_waiting(
@@ -637,11 +637,8 @@ fn wake_at(
     }
 }
 
-fn collection_policy(
-    ctx: &Context,
-    config: Option<&MaintenanceOperatorConfigSpec>,
-) -> collection::Policy {
-    collection::Policy {
+fn collection_policy(ctx: &Context, config: Option<&MaintenanceOperatorConfigSpec>) -> gc::Policy {
+    gc::Policy {
         max_ready: config.map_or_else(
             || MaintenanceOperatorConfigSpec::default().max_node_maintenance_time(),
             MaintenanceOperatorConfigSpec::max_node_maintenance_time,
@@ -657,10 +654,10 @@ async fn collect_garbage(
     state: &mut SupervisorState,
     requests: &[Arc<NodeMaintenance>],
     cache: &Cache<'_>,
-    policy: &collection::Policy,
+    policy: &gc::Policy,
     now: jiff::Timestamp,
 ) {
-    let sweep = collection::sweep(
+    let sweep = gc::sweep(
         requests.iter().map(|r| &**r),
         |node| cache.node_exists(node),
         policy,

@@ -4,13 +4,13 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Preconditions};
-use maintenance_core::collection::Cause;
+use maintenance_core::gc::Cause;
 use maintenance_core::lifecycle::EventReason;
 use maintenance_crds::NodeMaintenance;
 
 use crate::context::{Context, is_conflict, is_not_found};
 
-/// Deletes the requests a sweep (`collection::sweep`) chose, one after the other (they are few:
+/// Deletes the requests a sweep (`gc::sweep`) chose, one after the other (they are few:
 /// forgotten requests), and counts them.
 pub(crate) async fn delete_collected(ctx: &Context, collect: Vec<(&NodeMaintenance, Cause)>) {
     for (request, cause) in collect {

@@ -240,7 +240,7 @@ pub enum EventReason {
     NodeGone,
     /// A request another operator left in progress was taken over.
     Adopted,
-    /// The supervisor deleted a forgotten request (see [`crate::collection`]).
+    /// The supervisor deleted a forgotten request (see [`crate::gc`]).
     GarbageCollected,
     /// A pod was deleted past `drainSpec.forceDeleteAfterSeconds`, bypassing its
     /// PodDisruptionBudget (a Warning on the request and on the pod).
