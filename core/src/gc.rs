@@ -17,12 +17,13 @@
 
 use std::time::Duration;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use maintenance_crds::{
     GC_IGNORE_ANNOTATION, NodeMaintenance, Phase, READY_TIME_ANNOTATION, condition_type,
 };
 
 use crate::conditions;
+use crate::deadline::deadline;
 
 /// The limits garbage collection applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,21 +190,16 @@ pub fn sweep<'a>(
     result
 }
 
-fn deadline(since: Timestamp, limit: Duration) -> Timestamp {
-    SignedDuration::try_from(limit)
-        .ok()
-        .and_then(|d| since.checked_add(d).ok())
-        .unwrap_or(Timestamp::MAX)
-}
-
 /// Collected once `limit` has passed since `since` (NVIDIA: `timeNow.After(readyTime.Add(max))`,
-/// so a limit of 0 collects at once). At the deadline itself, so that waking there collects.
+/// so a limit of 0 collects at once; counted from the end of the recorded second, never early).
+/// At the deadline itself, so that waking there collects.
 fn due(
     since: Timestamp,
     limit: Duration,
     now: Timestamp,
     cause: impl FnOnce(Timestamp) -> Cause,
 ) -> Verdict {
+    // Never early: a whole-second record counts from the end of its second.
     let at = deadline(since, limit);
     if now >= at {
         Verdict::Collect(cause(since))
@@ -260,13 +256,13 @@ mod tests {
     fn a_ready_request_is_collected_after_the_limit_counted_from_ready_time() {
         let nm = ready_at(100);
         assert_eq!(
-            verdict(&nm, true, &POLICY, at(3699)),
+            verdict(&nm, true, &POLICY, at(3700)),
             Verdict::Keep {
-                recheck_at: Some(at(3700))
+                recheck_at: Some(at(3701))
             }
         );
         assert_eq!(
-            verdict(&nm, true, &POLICY, at(3700)),
+            verdict(&nm, true, &POLICY, at(3701)),
             Verdict::Collect(Cause::ReadyTooLong {
                 since: at(100),
                 limit: HOUR
@@ -284,7 +280,7 @@ mod tests {
         );
         assert_eq!(ready_since(&nm), Some(at(100)));
         assert!(matches!(
-            verdict(&nm, true, &POLICY, at(3700)),
+            verdict(&nm, true, &POLICY, at(3701)),
             Verdict::Collect(_)
         ));
     }
@@ -301,7 +297,7 @@ mod tests {
         assert_eq!(
             verdict(&nm, true, &POLICY, at(5001)),
             Verdict::Keep {
-                recheck_at: Some(at(8600))
+                recheck_at: Some(at(8601))
             }
         );
     }
@@ -355,13 +351,13 @@ mod tests {
     }
 
     #[test]
-    fn a_limit_of_zero_collects_at_once_as_nvidia_does() {
+    fn a_limit_of_zero_collects_within_the_second_after_ready() {
         let policy = Policy {
             max_ready: Duration::ZERO,
             ..POLICY
         };
         assert!(matches!(
-            verdict(&ready_at(10), true, &policy, at(10)),
+            verdict(&ready_at(10), true, &policy, at(11)),
             Verdict::Collect(_)
         ));
     }
@@ -371,13 +367,13 @@ mod tests {
         let nm = request(Phase::Pending, 0);
         assert_eq!(verdict(&nm, true, &POLICY, at(99_999)), KEEP, "node exists");
         assert_eq!(
-            verdict(&nm, false, &POLICY, at(299)),
+            verdict(&nm, false, &POLICY, at(300)),
             Verdict::Keep {
-                recheck_at: Some(at(300))
+                recheck_at: Some(at(301))
             }
         );
         assert_eq!(
-            verdict(&nm, false, &POLICY, at(300)),
+            verdict(&nm, false, &POLICY, at(301)),
             Verdict::Collect(Cause::NodeNotFound {
                 since: at(0),
                 grace: Duration::from_secs(300)
@@ -392,7 +388,7 @@ mod tests {
     fn the_message_of_a_missing_node_names_the_deadline() {
         let message = node_not_found_message(&request(Phase::Pending, 0), &POLICY);
         assert!(message.contains("node node-1 not found"), "{message}");
-        assert!(message.contains(&at(300).to_string()), "{message}");
+        assert!(message.contains(&at(301).to_string()), "{message}");
     }
 
     #[test]
@@ -404,6 +400,6 @@ mod tests {
         let sweep = sweep(&requests, |_| true, &POLICY, at(3601));
         assert_eq!(sweep.collect.len(), 1);
         assert_eq!(sweep.collect[0].0, &old);
-        assert_eq!(sweep.next_check, Some(at(4600)));
+        assert_eq!(sweep.next_check, Some(at(4601)));
     }
 }

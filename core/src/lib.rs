@@ -9,6 +9,7 @@ pub mod budgets;
 pub mod capacity;
 pub mod conditions;
 pub mod cordon_mark;
+pub mod deadline;
 pub mod drain_plan;
 pub mod drainability;
 pub mod eviction;

@@ -9,9 +9,10 @@ use super::cordon::phase_after_wait;
 use super::failure::{clear_failed, invalid_spec};
 use super::{
     Action, Event, EventReason, FailedReason, Ledger, Observed, StatusWrite, Step, TIMER_SLACK,
-    WAIT_RECHECK, after, elapsed, enter,
+    WAIT_RECHECK, after, enter,
 };
 use crate::conditions;
+use crate::deadline;
 use crate::drain_plan::{self, CompletionRules, PodRef};
 
 pub(super) fn on_wait_for_completion(
@@ -62,7 +63,7 @@ pub(super) fn on_wait_for_completion(
     let timeout = Duration::from_secs(u64::from(spec.timeout_seconds()));
     let since = conditions::phase_since(request).unwrap_or(now);
     if !timeout.is_zero() {
-        if elapsed(since, now) >= timeout {
+        if deadline::is_due(since, timeout, now) {
             let note = format!(
                 "waited {}s for pod completion; {} pod(s) still running ({}); moving on",
                 timeout.as_secs(),
@@ -83,7 +84,7 @@ pub(super) fn on_wait_for_completion(
             }));
             return step;
         }
-        step.wake(after(after(since, timeout), TIMER_SLACK));
+        step.wake(after(deadline::deadline(since, timeout), TIMER_SLACK));
     }
     let mut status = request.status.clone().unwrap_or_default();
     let fixed = clear_failed(&mut status, FailedReason::InvalidSpec);

@@ -16,6 +16,7 @@ use super::{
     enter,
 };
 use crate::conditions;
+use crate::deadline;
 use crate::drain_plan::{self, DrainPlan, DrainPod, DrainRules, PodRef};
 use crate::eviction::EvictionOutcome;
 use crate::pod_view::CachedPod;
@@ -92,9 +93,9 @@ pub(super) fn on_draining(
         clock: DrainClock {
             started,
             timeout,
-            timed_out: !timeout.is_zero() && elapsed(started, now) >= timeout,
+            timed_out: !timeout.is_zero() && deadline::is_due(started, timeout, now),
             force_after,
-            force_due: force_after.is_some_and(|d| elapsed(started, now) >= d),
+            force_due: force_after.is_some_and(|d| deadline::is_due(started, d, now)),
         },
         now,
     };
@@ -317,11 +318,11 @@ impl Drain<'_> {
         // A heartbeat keeps the progress gauge and the timeout current when nothing else happens.
         step.wake(after(now, HEARTBEAT));
         if !timed_out && !timeout.is_zero() {
-            step.wake(after(after(started, timeout), TIMER_SLACK));
+            step.wake(after(deadline::deadline(started, timeout), TIMER_SLACK));
         }
         // The deadline runs the step itself, not the next heartbeat after it.
-        if let Some(deadline) = force_after.filter(|_| !force_due) {
-            step.wake(after(after(started, deadline), TIMER_SLACK));
+        if let Some(force_after) = force_after.filter(|_| !force_due) {
+            step.wake(after(deadline::deadline(started, force_after), TIMER_SLACK));
         }
         if changed {
             let next_write = ledger
@@ -356,9 +357,9 @@ fn pods_never_listed(
         return step;
     }
     let started = conditions::phase_since(request).unwrap_or(now);
-    let deadline = after(started, timeout);
-    if now < deadline {
-        step.wake(after(deadline, TIMER_SLACK));
+    let due = deadline::deadline(started, timeout);
+    if now < due {
+        step.wake(after(due, TIMER_SLACK));
         return step;
     }
     if failed_with(request, FailedReason::DrainTimeout).is_some() {

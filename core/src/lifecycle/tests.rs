@@ -925,8 +925,8 @@ fn an_adopted_wait_counts_from_nvidias_start_time() {
         None,
         "not timed out from the Pending time at(0)"
     );
-    assert_eq!(step.wake_at, Some(after(at(1600), TIMER_SLACK)));
-    let step = run(&adopted, CORDONED, Some(&pods), at(1600));
+    assert_eq!(step.wake_at, Some(after(at(1601), TIMER_SLACK)));
+    let step = run(&adopted, CORDONED, Some(&pods), at(1601));
     assert_eq!(
         events(&step),
         vec![EventReason::WaitForPodCompletionTimeout],
@@ -944,7 +944,7 @@ fn an_adopted_phase_without_nvidias_record_counts_from_the_adoption() {
     );
     let step = run(&wait, CORDONED, Some(&pods), at(2080));
     assert_eq!(moved_to(&step), None);
-    assert_eq!(step.wake_at, Some(after(at(2100), TIMER_SLACK)));
+    assert_eq!(step.wake_at, Some(after(at(2101), TIMER_SLACK)));
 
     let drain = with_annotation(
         with_drain(nvidia_request(Phase::Draining), 300),
@@ -952,12 +952,12 @@ fn an_adopted_phase_without_nvidias_record_counts_from_the_adoption() {
         Some(at(1500)),
     );
     let blocked = [bare("app", "lonely")];
-    let step = run(&drain, CORDONED, Some(&blocked), at(1700));
+    let step = run(&drain, CORDONED, Some(&blocked), at(1800));
     assert!(
         !events(&step).contains(&EventReason::DrainTimeout),
         "the drain timeout counts from the adoption: {step:?}"
     );
-    let step = run(&drain, CORDONED, Some(&blocked), at(1800));
+    let step = run(&drain, CORDONED, Some(&blocked), at(1801));
     assert!(
         events(&step).contains(&EventReason::DrainTimeout),
         "{step:?}"
@@ -976,9 +976,9 @@ fn a_phase_entered_after_the_adoption_counts_from_its_own_start() {
     conditions::set_phase(&mut status.conditions, Phase::Draining, "", at(2000), None);
     assert_eq!(conditions::phase_since(&nm), Some(at(2000)));
     let blocked = [bare("app", "lonely")];
-    let step = run(&nm, CORDONED, Some(&blocked), at(2299));
-    assert!(!events(&step).contains(&EventReason::DrainTimeout));
     let step = run(&nm, CORDONED, Some(&blocked), at(2300));
+    assert!(!events(&step).contains(&EventReason::DrainTimeout));
+    let step = run(&nm, CORDONED, Some(&blocked), at(2301));
     assert!(events(&step).contains(&EventReason::DrainTimeout));
 }
 
@@ -1173,7 +1173,7 @@ fn wait_for_pod_completion_times_out_from_the_phase_start() {
     assert_eq!(moved_to(&step), None);
     assert_eq!(
         step.wake_at,
-        Some(after(at(60), Duration::from_millis(100)))
+        Some(after(at(61), Duration::from_millis(100)))
     );
     let step = run(&nm, CORDONED, Some(&pods), at(61));
     assert_eq!(moved_to(&step), Some(Phase::Ready));
@@ -1379,7 +1379,7 @@ fn the_drain_timeout_wakes_the_step() {
     // The heartbeat (5 s) comes after the deadline here: the deadline wins.
     assert_eq!(
         step.wake_at,
-        Some(after(at(300), Duration::from_millis(100)))
+        Some(after(at(301), Duration::from_millis(100)))
     );
 }
 
@@ -1691,13 +1691,13 @@ fn the_deadline_deletes_exactly_the_pods_a_budget_refuses() {
     let (pods, ledger) = drain_with_every_answer(&nm);
 
     let mut early = ledger.clone();
-    let step = run_with(&nm, CORDONED, Some(&pods), at(58), &mut early);
+    let step = run_with(&nm, CORDONED, Some(&pods), at(59), &mut early);
     assert!(force_deleted(&step).is_empty(), "{step:?}");
     // The heartbeat would come at 63 s: the deadline wins.
-    assert_eq!(step.wake_at, Some(after(at(60), TIMER_SLACK)));
+    assert_eq!(step.wake_at, Some(after(at(61), TIMER_SLACK)));
 
     let mut ledger = ledger;
-    let step = run_with(&nm, CORDONED, Some(&pods), at(60), &mut ledger);
+    let step = run_with(&nm, CORDONED, Some(&pods), at(61), &mut ledger);
     assert_eq!(
         force_deleted(&step),
         [
@@ -1763,7 +1763,7 @@ fn deleted_past_the_deadline() -> (NodeMaintenance, [Pod; 1], Ledger) {
     let mut ledger = Ledger::default();
     run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
     answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
-    let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
+    let step = run_with(&nm, CORDONED, Some(&pods), at(6), &mut ledger);
     assert_eq!(force_deleted(&step).len(), 1);
     (nm, pods, ledger)
 }
@@ -1886,7 +1886,7 @@ fn a_failed_deletion_is_retried_as_a_deletion() {
     let mut ledger = Ledger::default();
     run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
     answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
-    run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
+    run_with(&nm, CORDONED, Some(&pods), at(6), &mut ledger);
     ledger.record_force_delete(
         "app/web-1",
         Some("uid-app-web-1"),
@@ -1894,13 +1894,13 @@ fn a_failed_deletion_is_retried_as_a_deletion() {
             code: Some(403),
             message: "pods \"web-1\" is forbidden".into(),
         },
-        at(5),
+        at(6),
         0.5,
     );
-    let step = run_with(&nm, CORDONED, Some(&pods), at(5), &mut ledger);
+    let step = run_with(&nm, CORDONED, Some(&pods), at(6), &mut ledger);
     assert!(force_deleted(&step).is_empty() && evicted(&step).is_empty());
     let retry_at = ledger.evictions["app/web-1"].next_attempt;
-    assert!(retry_at > at(5));
+    assert!(retry_at > at(6));
     let blocked = &written_drain(&step).blocked[0];
     assert_eq!(blocked.reason, "Error");
     assert!(
@@ -1926,10 +1926,10 @@ fn the_deadline_of_an_adopted_request_counts_from_its_phase_clock() {
     run_with(&nm, CORDONED, Some(&pods), at(1500), &mut ledger);
     answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1500));
     let mut early = ledger.clone();
-    let step = run_with(&nm, CORDONED, Some(&pods), at(1559), &mut early);
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1560), &mut early);
     assert!(force_deleted(&step).is_empty(), "{step:?}");
-    assert_eq!(step.wake_at, Some(after(at(1560), TIMER_SLACK)));
-    let step = run_with(&nm, CORDONED, Some(&pods), at(1560), &mut ledger);
+    assert_eq!(step.wake_at, Some(after(at(1561), TIMER_SLACK)));
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1561), &mut ledger);
     assert_eq!(force_deleted(&step).len(), 1, "{step:?}");
 }
 
@@ -1940,14 +1940,14 @@ fn the_deadline_is_independent_of_the_drain_timeout() {
     let nm = with_force_delete_after(with_drain(request(Phase::Draining), 10), 100);
     let pods = [pod("app", "web-1")];
     let mut ledger = Ledger::default();
-    let step = run_with(&nm, CORDONED, Some(&pods), at(10), &mut ledger);
+    let step = run_with(&nm, CORDONED, Some(&pods), at(11), &mut ledger);
     assert!(events(&step).contains(&EventReason::DrainTimeout));
     answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(90));
     assert_eq!(
         ledger.evictions["app/web-1"].next_attempt,
         after(at(90), SLOW_RETRY)
     );
-    let step = run_with(&nm, CORDONED, Some(&pods), at(100), &mut ledger);
+    let step = run_with(&nm, CORDONED, Some(&pods), at(101), &mut ledger);
     assert_eq!(force_deleted(&step).len(), 1, "{step:?}");
 }
 
@@ -2005,8 +2005,8 @@ fn a_drain_whose_pods_are_never_listed_still_times_out() {
     let nm = with_drain(request(Phase::Draining), 60);
     let early = run(&nm, CORDONED, None, at(10));
     assert!(early.actions.is_empty() && early.watch_pods);
-    assert_eq!(early.wake_at, Some(after(at(60), TIMER_SLACK)));
-    let late = run(&nm, CORDONED, None, at(61));
+    assert_eq!(early.wake_at, Some(after(at(61), TIMER_SLACK)));
+    let late = run(&nm, CORDONED, None, at(62));
     assert_eq!(events(&late), vec![EventReason::DrainTimeout]);
     let failed = status_writes(&late)[0]
         .status
