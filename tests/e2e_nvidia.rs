@@ -12,8 +12,6 @@
 //! Assertions are on what the API server shows (requests, conditions, annotations, nodes, Events
 //! and the audit log of the operator's writes), with deadlines.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -86,27 +84,6 @@ fn annotation<'a>(r: &'a NodeMaintenance, key: &str) -> Option<&'a str> {
     r.annotations().get(key).map(String::as_str)
 }
 
-/// The Events about request `name` (they outlive it), oldest first, as (reason, note).
-async fn events_of(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
-    Ok(events_about(client, ns, name)
-        .await?
-        .into_iter()
-        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect())
-}
-
-async fn wait_event(client: &Client, ns: &str, name: &str, reason: &str) -> Result<String> {
-    let what = format!("an Event {reason} about {ns}/{name}");
-    wait_for(&what, WAIT, || async {
-        Ok(events_of(client, ns, name)
-            .await?
-            .into_iter()
-            .find(|(r, _)| r == reason)
-            .map(|(_, note)| note))
-    })
-    .await
-}
-
 fn rfc3339(at: jiff::Timestamp) -> String {
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
@@ -125,13 +102,7 @@ async fn garbage_collection_deletes_an_old_ready_request_and_spares_an_ignored_o
         InvariantMonitor::start(Testbed::shared().await?, Scope::new(&ns, &nodes)).await?;
     let cluster = collecting_cluster().await?;
     let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
-    create_request(
-        &client,
-        &ns,
-        "forgotten",
-        request_spec(&nodes[0], "gc.example.com"),
-    )
-    .await?;
+    request_node(&client, &ns, "forgotten", &nodes[0], "gc.example.com").await?;
     let mut kept = NodeMaintenance::new("kept", request_spec(&nodes[1], "gc.example.com"));
     kept.annotations_mut()
         .insert(GC_IGNORE_ANNOTATION.into(), "true".into());
@@ -148,7 +119,10 @@ async fn garbage_collection_deletes_an_old_ready_request_and_spares_an_ignored_o
         !node_unschedulable(&client, &nodes[0]).await?,
         "the collected request's node must be uncordoned by its cleanup"
     );
-    let note = wait_event(&client, &ns, "forgotten", "GarbageCollected").await?;
+    let note = wait_event(&client, &ns, "forgotten", "GarbageCollected", WAIT)
+        .await?
+        .note
+        .unwrap_or_default();
     ensure!(
         note.contains("maxNodeMaintenanceTimeSeconds=3") && note.contains(GC_IGNORE_ANNOTATION),
         "the Event says why and how to keep a request: {note}"
@@ -179,11 +153,9 @@ async fn garbage_collection_deletes_an_old_ready_request_and_spares_an_ignored_o
     );
     ensure!(node_unschedulable(&client, &nodes[1]).await?);
     eprintln!("collected at {collected_at}; the ignored request is still Ready");
-    delete_request(&client, &ns, "kept").await?;
-    wait_request_gone(&client, &ns, "kept", WAIT).await?;
+    release_request(&client, &ns, "kept", WAIT).await?;
     ensure!(!node_unschedulable(&client, &nodes[1]).await?);
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
@@ -195,13 +167,7 @@ async fn a_request_for_a_missing_node_is_explained_then_collected() -> Result<()
     let late_prefix = unique_name("late-node");
     let late = format!("{late_prefix}-0");
     let created = Instant::now();
-    create_request(
-        &client,
-        &ns,
-        "ghost",
-        request_spec(&ghost, "gc.example.com"),
-    )
-    .await?;
+    request_node(&client, &ns, "ghost", &ghost, "gc.example.com").await?;
     // `late`'s node is created after the request, within the grace: that request goes on as
     // usual (kept from collection once Ready: this cluster collects Ready requests after 3 s).
     let mut late_request = NodeMaintenance::new("late", request_spec(&late, "gc.example.com"));
@@ -236,7 +202,10 @@ async fn a_request_for_a_missing_node_is_explained_then_collected() -> Result<()
         waited + Duration::from_secs(1) >= Duration::from_secs(COLLECT_AFTER_SECONDS),
         "collected after {waited:?}, before the grace of {COLLECT_AFTER_SECONDS}s"
     );
-    let note = wait_event(&client, &ns, "ghost", "GarbageCollected").await?;
+    let note = wait_event(&client, &ns, "ghost", "GarbageCollected", WAIT)
+        .await?
+        .note
+        .unwrap_or_default();
     ensure!(note.contains(&ghost), "the Event names the node: {note}");
     let collected = cluster
         .operator
@@ -246,10 +215,8 @@ async fn a_request_for_a_missing_node_is_explained_then_collected() -> Result<()
 
     wait_nodes_ready(&client, &late_nodes, WAIT).await?;
     wait_phase(&client, &ns, "late", Phase::Ready, WAIT).await?;
-    delete_request(&client, &ns, "late").await?;
-    wait_request_gone(&client, &ns, "late", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "late", WAIT).await?;
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -291,8 +258,7 @@ async fn the_api_server_refuses_a_requestor_id_nvidia_refuses() -> Result<()> {
         api.create(&PostParams::default(), &nm)
             .await
             .with_context(|| format!("requestorID {requestor:?} must be accepted"))?;
-        delete_request(&client, &ns, &nm.name_any()).await?;
-        wait_request_gone(&client, &ns, &nm.name_any(), WAIT).await?;
+        release_request(&client, &ns, &nm.name_any(), WAIT).await?;
     }
     // Deleted at once, a request may race its admission: the API server's DELETE, which found no
     // finalizer, can go through after the admission added ours, so the request vanishes while its
@@ -307,8 +273,7 @@ async fn the_api_server_refuses_a_requestor_id_nvidia_refuses() -> Result<()> {
         || async { Ok((!node_unschedulable(&client, &nodes[0]).await?).then_some(())) },
     )
     .await?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
@@ -357,8 +322,7 @@ async fn requests_can_be_selected_by_node_name_and_requestor_id() -> Result<()> 
         "kubectl printed {out:?}"
     );
     release_all_when_ready(&client, &ns, WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -442,19 +406,9 @@ fn cordoned_by_nvidia() -> BTreeMap<&'static str, String> {
 #[tokio::test]
 async fn every_mid_flight_nvidia_shape_is_adopted_and_finishes_without_early_timeouts() -> Result<()>
 {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(100, None))).await?;
-    let ns = unique_name("adopt");
-    create_namespace(&client, &ns).await?;
-    let nodes = create_nodes(&client, &unique_name("adopt"), 8, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let (testbed, client, ns, nodes) = own_cluster("adopt", 8, Some(limits(100, None))).await?;
     let account = "adopter";
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &ns, &nodes, account).await?;
     let [
         scheduled,
         cordon,
@@ -624,28 +578,35 @@ async fn every_mid_flight_nvidia_shape_is_adopted_and_finishes_without_early_tim
         })
         .await?;
     }
-    wait_event(&client, &ns, "draining", "Adopted").await?;
+    wait_event(&client, &ns, "draining", "Adopted", WAIT).await?;
 
     // WaitForPodCompletion: counted from NVIDIA's start, not from its stale lastTransitionTime
     // (an hour ago, which would time out at once).
-    let timed_out = wait_event(&client, &ns, "wait-late", "WaitForPodCompletionTimeout").await?;
+    let timed_out = wait_event(
+        &client,
+        &ns,
+        "wait-late",
+        "WaitForPodCompletionTimeout",
+        WAIT,
+    )
+    .await?
+    .note
+    .unwrap_or_default();
     let after = jiff::Timestamp::now().duration_since(adopted_from);
     ensure!(
         after >= jiff::SignedDuration::from_secs(5),
         "wait-late timed out {after:?} after the adoption, before NVIDIA's 600 s were up: {timed_out}"
     );
-    let wait_now = get_request(&client, &ns, "wait").await?.context("wait")?;
+    let why = "590 s of the wait are left";
+    ensure_phase(&client, &ns, "wait", Phase::WaitForPodCompletion, why).await?;
+    let reasons: Vec<String> = events_about(&client, &ns, "wait")
+        .await?
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
     ensure!(
-        wait_now.phase() == Phase::WaitForPodCompletion,
-        "590 s of the wait are left: {}",
-        describe(&wait_now)
-    );
-    let events = events_of(&client, &ns, "wait").await?;
-    ensure!(
-        !events
-            .iter()
-            .any(|(r, _)| r == "WaitForPodCompletionTimeout"),
-        "{events:?}"
+        !reasons.iter().any(|r| r == "WaitForPodCompletionTimeout"),
+        "{reasons:?}"
     );
     Api::<Pod>::namespaced(client.clone(), &ns)
         .delete("job-wait", &DeleteParams::default().grace_period(0))
@@ -729,6 +690,5 @@ async fn every_mid_flight_nvidia_shape_is_adopted_and_finishes_without_early_tim
         .await?;
     ensure!(adopted >= 6.0, "adopted counter {adopted}");
     operator.kill();
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }

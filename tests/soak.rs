@@ -18,8 +18,6 @@
 //! `$MO_SOAK_REPORT_DIR/<UTC date>-soak-<minutes>m/` (`make soak` sets `bench`), else under the
 //! build's temporary directory.
 
-mod support;
-
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
@@ -56,17 +54,6 @@ struct Settings {
     minutes: f64,
     nodes: usize,
     seed: u64,
-}
-
-fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => {
-            Ok(Some(v.trim().parse().map_err(|_| {
-                anyhow::anyhow!("{name}={v:?} is not a number")
-            })?))
-        }
-        _ => Ok(None),
-    }
 }
 
 impl Settings {
@@ -238,17 +225,9 @@ fn random_limits(rng: &mut StdRng, nodes: usize) -> MaintenanceOperatorConfigSpe
 }
 
 fn report_dir(minutes: f64) -> PathBuf {
-    let base = match std::env::var_os("MO_SOAK_REPORT_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => {
-            let d = PathBuf::from(d);
-            if d.is_absolute() {
-                d
-            } else {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join(d)
-            }
-        }
-        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("soak"),
-    };
+    let base = report_base("MO_SOAK_REPORT_DIR", || {
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("soak")
+    });
     let date = Timestamp::now().strftime("%Y-%m-%d").to_string();
     base.join(format!("{date}-soak-{minutes}m"))
 }
@@ -260,9 +239,7 @@ async fn run() -> Result<()> {
         "soak: {} min on {} nodes, seed {} (MO_SOAK_SEED replays it)",
         settings.minutes, settings.nodes, settings.seed
     );
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(random_limits(&mut rng, settings.nodes))).await?;
+    let (testbed, client) = own_testbed(Some(random_limits(&mut rng, settings.nodes))).await?;
 
     // Pools of nodes, each with a Deployment of one pod per node under a budget.
     let ns = unique_name("soak");

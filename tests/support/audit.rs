@@ -73,11 +73,13 @@ pub struct PdbStatusWrite {
     pub disrupted_pods: Vec<String>,
 }
 
-/// One call that creates, changes or deletes something, whoever made it.
+/// One call: a write (create, change, delete) of anyone, or a read of
+/// [`BENCH_OPERATOR_ACCOUNT`] (the only reads the policy logs).
 #[derive(Clone, Debug)]
-pub struct WriteCall {
+pub struct ApiCall {
+    /// When the API server received the call.
     pub received: Timestamp,
-    /// `create`, `update`, `patch`, `delete` or `deletecollection`.
+    /// `create`, `update`, `patch`, `delete`, `deletecollection`; `get`, `list`, `watch`.
     pub verb: String,
     /// The resource's plural, e.g. `leases`, `nodemaintenances`.
     pub resource: String,
@@ -86,15 +88,19 @@ pub struct WriteCall {
     /// Empty for cluster-scoped objects.
     pub namespace: String,
     pub name: String,
+    /// The answer's status; a watch is recorded when its response starts (it may stay open).
     pub code: u16,
     pub user: String,
     pub user_agent: String,
     /// The resourceVersion an update was based on (optimistic concurrency), as the API server
-    /// read it from the request body; `None` for an unconditional write.
+    /// read it from the request body; `None` for an unconditional write and for reads.
     pub based_on: Option<String>,
 }
 
-impl WriteCall {
+pub type WriteCall = ApiCall;
+pub type ReadCall = ApiCall;
+
+impl ApiCall {
     /// `verb resource[/subresource] namespace/name -> code`, for failure messages.
     pub fn describe(&self) -> String {
         let resource = if self.subresource.is_empty() {
@@ -109,19 +115,13 @@ impl WriteCall {
     }
 }
 
-/// One `get`, `list` or `watch`. The policy logs the reads of [`BENCH_OPERATOR_ACCOUNT`] only.
-#[derive(Clone, Debug)]
-pub struct ReadCall {
-    /// When the API server received the call.
-    pub received: Timestamp,
-    pub verb: String,
-    pub resource: String,
-    pub subresource: String,
-    pub namespace: String,
-    pub name: String,
-    /// The answer's status; a watch is recorded when its response starts (it may stay open).
-    pub code: u16,
-    pub user: String,
+/// The first 20 of `writes`, one a line, and how many there are: for failure messages.
+pub fn describe_writes(writes: &[&WriteCall]) -> String {
+    if writes.is_empty() {
+        return "none".into();
+    }
+    let shown: Vec<String> = writes.iter().take(20).map(|w| w.describe()).collect();
+    format!("{} writes:\n{}", writes.len(), shown.join("\n"))
 }
 
 /// The ServiceAccount (of [`super::operator::OPERATOR_NAMESPACE`]) whose reads the testbed's audit
@@ -281,20 +281,9 @@ impl AuditLog {
         let received = parse_time(&event.request_received_timestamp)?;
         let completed = parse_time(&event.stage_timestamp)?;
         let code = event.response_status.map_or(0, |s| s.code);
-        if READ_VERBS.contains(&event.verb.as_str()) {
-            self.reads.push(ReadCall {
-                received,
-                verb: event.verb.clone(),
-                resource: object.resource.clone(),
-                subresource: object.subresource.clone(),
-                namespace: object.namespace.clone(),
-                name: object.name.clone(),
-                code,
-                user: event.user.username.clone(),
-            });
-        }
-        if WRITE_VERBS.contains(&event.verb.as_str()) {
-            self.writes.push(WriteCall {
+        let read = READ_VERBS.contains(&event.verb.as_str());
+        if read || WRITE_VERBS.contains(&event.verb.as_str()) {
+            let call = ApiCall {
                 received,
                 verb: event.verb.clone(),
                 resource: object.resource.clone(),
@@ -304,8 +293,16 @@ impl AuditLog {
                 code,
                 user: event.user.username.clone(),
                 user_agent: event.user_agent.clone(),
-                based_on: object.resource_version.clone().filter(|v| !v.is_empty()),
-            });
+                based_on: object
+                    .resource_version
+                    .clone()
+                    .filter(|v| !v.is_empty() && !read),
+            };
+            if read {
+                self.reads.push(call);
+            } else {
+                self.writes.push(call);
+            }
         }
         match (
             object.resource.as_str(),

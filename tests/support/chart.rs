@@ -1,17 +1,66 @@
 //! The Helm chart's files and the checked-in manifests rendered from it, as the tests install them
-//! (tests/helm_chart.rs, tests/image.rs).
+//! (tests/release/helm_chart.rs, tests/release/image.rs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Testbed;
 
+/// The tests that install the chart's cluster-wide objects on a shared testbed, and run an
+/// operator with them, take turns.
+pub async fn chart_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
+/// The chart's objects installed on the shared testbed, for one test at a time (its turn lasts as
+/// long as this value).
+pub struct ChartOnTestbed {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    pub testbed: &'static Testbed,
+    pub client: kube::Client,
+    /// Scratch files of the test (the manifests applied, kubeconfigs, logs).
+    pub dir: tempfile::TempDir,
+    /// The objects applied.
+    pub docs: Vec<Value>,
+}
+
+impl ChartOnTestbed {
+    pub async fn install() -> Result<ChartOnTestbed> {
+        let turn = chart_turn().await;
+        let testbed = Testbed::shared().await?;
+        let client = testbed.client().await?;
+        let dir = tempfile::tempdir()?;
+        let docs = install_manifests(testbed, dir.path())?;
+        Ok(ChartOnTestbed {
+            _turn: turn,
+            testbed,
+            client,
+            dir,
+            docs,
+        })
+    }
+
+    /// A kubeconfig whose only credential is a token of the chart's ServiceAccount.
+    pub async fn service_account_kubeconfig(&self) -> Result<PathBuf> {
+        let path = self.dir.path().join("chart-sa.kubeconfig");
+        crate::operator::service_account_kubeconfig(
+            self.testbed,
+            crate::operator::OPERATOR_NAMESPACE,
+            "maintenance-operator",
+            &path,
+        )
+        .await?;
+        Ok(path)
+    }
+}
+
 pub fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    crate::repo_root()
 }
 
 pub fn chart_dir() -> PathBuf {
@@ -28,19 +77,8 @@ pub fn read(path: &Path) -> Result<String> {
 
 /// Runs a command to completion; fails with its output unless it succeeds.
 pub fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("starting {cmd:?}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}):\n{stdout}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(stdout)
+    let out = cmd.stdin(Stdio::null()).output();
+    crate::stdout_of(cmd, out)
 }
 
 pub fn parse_docs(text: &str) -> Result<Vec<Value>> {

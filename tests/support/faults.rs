@@ -14,13 +14,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::operator::{free_port, kill_when_this_process_exits};
+use super::operator::{Helper, free_port, http_call};
 use super::{Check, Testbed, testbed_script, wait_until};
 
 /// A binary that `testbed build` puts in its bin directory. Missing: the test fails, loudly.
@@ -43,87 +43,6 @@ pub fn testbed_binary(name: &str) -> Result<PathBuf> {
         );
     }
     Ok(path)
-}
-
-/// A helper process with its output in a log file; killed when dropped or when this process
-/// exits.
-struct Helper {
-    child: Child,
-    name: &'static str,
-    log: PathBuf,
-}
-
-impl Helper {
-    fn spawn(name: &'static str, command: &mut Command, log: PathBuf) -> Result<Helper> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .with_context(|| format!("opening {}", log.display()))?;
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        kill_when_this_process_exits(child.id())?;
-        Ok(Helper { child, name, log })
-    }
-
-    /// Fails (with the end of its log) when the process has exited.
-    fn ensure_running(&mut self) -> Result<()> {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            bail!(
-                "{} exited with {status}; last lines of {}:\n{}",
-                self.name,
-                self.log.display(),
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One HTTP/1.0 call on loopback (the control APIs of the proxies); returns status and body.
-pub async fn http_call(method: &str, url: &str, body: Option<&str>) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url
-        .strip_prefix("http://")
-        .with_context(|| format!("{url}: only http:// URLs"))?;
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let mut stream =
-        tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(host))
-            .await
-            .with_context(|| format!("{method} {url}: connect timed out"))?
-            .with_context(|| format!("{method} {url}: connect"))?;
-    let body = body.unwrap_or_default();
-    let request = format!(
-        "{method} /{path} HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf))
-        .await
-        .with_context(|| format!("{method} {url}: no answer in 10s"))??;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("{method} {url}: malformed HTTP answer {head:?}"))?;
-    Ok((code, body.to_string()))
 }
 
 async fn call_ok(method: &str, url: &str, body: Option<&str>) -> Result<String> {
@@ -566,25 +485,6 @@ impl Component {
     }
 }
 
-async fn testbed_command(args: &[&str]) -> Result<()> {
-    let out = tokio::process::Command::new(testbed_script())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .context("running the testbed script")?;
-    if !out.status.success() {
-        bail!(
-            "`testbed {}` failed ({}): {}{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
-
 /// Stops `component` of the testbed: TERM, then KILL after `grace`.
 pub async fn stop_component(
     testbed: &Testbed,
@@ -593,7 +493,7 @@ pub async fn stop_component(
 ) -> Result<()> {
     let dir = testbed.dir().to_string_lossy().into_owned();
     let grace = grace.as_secs().to_string();
-    testbed_command(&[
+    crate::run_testbed(&[
         "stop-component",
         "--dir",
         &dir,
@@ -601,11 +501,13 @@ pub async fn stop_component(
         &grace,
         component.name(),
     ])
-    .await
+    .await?;
+    Ok(())
 }
 
 /// Starts `component` again with its arguments, ports and data; returns once it is healthy.
 pub async fn start_component(testbed: &Testbed, component: Component) -> Result<()> {
     let dir = testbed.dir().to_string_lossy().into_owned();
-    testbed_command(&["start-component", "--dir", &dir, component.name()]).await
+    crate::run_testbed(&["start-component", "--dir", &dir, component.name()]).await?;
+    Ok(())
 }

@@ -1128,6 +1128,11 @@ impl InvariantMonitor {
         fail_on(&judgement.breaches, &self.scope)
     }
 
+    /// [`finish`](Self::finish) for a test that needs no figures: fails on a breach.
+    pub async fn held(self) -> Result<()> {
+        self.finish().await.map(drop)
+    }
+
     /// Stops the watches, adds the final state of every watched object, runs the end-of-test
     /// checks (no node of the scope left cordoned by the operator once its request is gone; the
     /// audit checks) and returns Err listing every breach; Ok carries a short report.
@@ -1277,6 +1282,29 @@ pub async fn monitor_shared(namespace: &str, nodes: &[String]) -> Result<Invaria
         Scope::new(namespace, nodes).operator_user(shared.operator_user.clone()),
     )
     .await
+}
+
+/// [`isolated_setup`](super::operator::isolated_setup) on the shared cluster, and a monitor of
+/// the test's namespace and nodes: the client, the namespace, the nodes and the monitor.
+pub async fn monitored_setup(
+    prefix: &str,
+    count: usize,
+) -> Result<(Client, String, Vec<String>, InvariantMonitor)> {
+    let (client, ns, nodes) = super::operator::isolated_setup(prefix, count).await?;
+    let monitor = monitor_shared(&ns, &nodes).await?;
+    Ok((client, ns, nodes, monitor))
+}
+
+/// A monitor of `namespace` and `nodes` on a testbed of the test's own, whose operator runs as
+/// ServiceAccount `account` of the operator's namespace (the audit checks follow that identity).
+pub async fn monitor_as(
+    testbed: &Testbed,
+    namespace: &str,
+    nodes: &[String],
+    account: &str,
+) -> Result<InvariantMonitor> {
+    let user = super::operator::service_account_user(account);
+    InvariantMonitor::start(testbed, Scope::new(namespace, nodes).operator_user(user)).await
 }
 
 fn fail_on(breaches: &[Breach], scope: &Scope) -> Result<()> {
@@ -1490,9 +1518,7 @@ mod tests {
         );
         // A monitor given its own, higher limits ignores the config.
         let mut own = rules(true);
-        own.limits = Some(ConfigLimits::of(Some(&super::super::operator::limits(
-            3, None,
-        ))));
+        own.limits = Some(ConfigLimits::of(Some(&crate::limits(3, None))));
         assert_eq!(kinds(&events, &own), vec![]);
     }
 

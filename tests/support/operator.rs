@@ -7,17 +7,14 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
-use kube::{Client, ResourceExt};
-use maintenance_crds::{
-    DrainSpec, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance,
-    NodeMaintenanceSpec, Phase,
-};
+use maintenance_crds::MaintenanceOperatorConfigSpec;
 
-use super::{Check, Testbed, wait_for, wait_until};
+use crate::{Testbed, install, limits, wait_for};
 
 /// The namespace the operator runs in during tests (as the chart installs it).
 pub const OPERATOR_NAMESPACE: &str = "maintenance-operator";
@@ -33,6 +30,19 @@ pub async fn lease_holder(client: &Client, namespace: &str, name: &str) -> Resul
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
         .filter(|h| !h.is_empty()))
+}
+
+/// Waits until `holder` holds our Lease.
+pub async fn wait_holder(client: &Client, holder: &str, timeout: Duration) -> Result<()> {
+    crate::wait_until(&format!("{holder} to hold the Lease"), timeout, || async {
+        Ok(
+            match lease_holder(client, OPERATOR_NAMESPACE, OUR_LEASE).await? {
+                Some(h) if h == holder => crate::Check::Done(()),
+                other => crate::Check::Pending(format!("holder {other:?}")),
+            },
+        )
+    })
+    .await
 }
 
 /// The operator binary, running until dropped (or killed).
@@ -125,7 +135,7 @@ impl Operator {
         let mut op = Operator {
             child: None,
             metrics_port: 0,
-            log: log_dir.join(format!("operator-{}.log", super::unique_name("op"))),
+            log: log_dir.join(format!("operator-{}.log", crate::unique_name("op"))),
             args: extra.iter().map(|s| s.to_string()).collect(),
             kubeconfig: kubeconfig.to_path_buf(),
             launcher,
@@ -144,7 +154,7 @@ impl Operator {
             .with_context(|| format!("opening {}", self.log.display()))?;
         // `MAINTENANCE_OPERATOR_BIN` runs another build (e.g. an older commit) against the tests.
         let binary = std::env::var_os("MAINTENANCE_OPERATOR_BIN")
-            .unwrap_or_else(|| env!("CARGO_BIN_EXE_maintenance-operator").into());
+            .unwrap_or_else(|| crate::built_binary("maintenance-operator").into_os_string());
         let mut command = match self.launcher.as_deref() {
             Some([program, args @ ..]) => {
                 let mut command = Command::new(program);
@@ -272,6 +282,59 @@ impl Drop for Operator {
     }
 }
 
+/// A helper process (a proxy, a Prometheus, the operator run by hand) with its output in a log
+/// file; killed when dropped or when this process exits.
+pub struct Helper {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Helper {
+    pub fn spawn(name: &'static str, command: &mut Command, log: PathBuf) -> Result<Helper> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting {name}: {command:?}"))?;
+        kill_when_this_process_exits(child.id())?;
+        Ok(Helper { child, name, log })
+    }
+
+    /// Fails (with the end of its log) when the process has exited.
+    pub fn ensure_running(&mut self) -> Result<()> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            bail!(
+                "{} exited with {status}; last lines of {}:\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail(40)
+            );
+        }
+        Ok(())
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Kills process `pid` once this test process is gone (for helpers a test starts next to the
 /// operator, e.g. fault proxies).
 pub fn kill_when_this_process_exits(pid: u32) -> Result<()> {
@@ -287,26 +350,42 @@ impl Operator {
     }
 }
 
-/// A tiny HTTP/1.0 GET on loopback (no client crate needed for probes and metrics).
+/// A GET with [`http_call`].
 pub async fn http_get(url: &str) -> Result<(u16, String)> {
+    http_call("GET", url, None).await
+}
+
+/// One HTTP/1.0 call on loopback (probes, metrics, the control APIs of the fault proxies):
+/// status and body.
+pub async fn http_call(method: &str, url: &str, body: Option<&str>) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url.strip_prefix("http://").context("only http:// URLs")?;
+    let rest = url
+        .strip_prefix("http://")
+        .with_context(|| format!("{url}: only http:// URLs"))?;
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
     let mut stream =
         tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(host))
-            .await??;
-    stream
-        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
-        .await?;
+            .await
+            .with_context(|| format!("{method} {url}: connect timed out"))?
+            .with_context(|| format!("{method} {url}: connect"))?;
+    let body = body.unwrap_or_default();
+    let request = format!(
+        "{method} /{path} HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
     let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await??;
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf))
+        .await
+        .with_context(|| format!("{method} {url}: no answer in 10s"))??;
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let code = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .context("malformed HTTP answer")?;
+        .with_context(|| format!("{method} {url}: malformed HTTP answer {head:?}"))?;
     Ok((code, body.to_string()))
 }
 
@@ -349,7 +428,7 @@ pub async fn create_cluster_admin_service_account(
             ..Subject::default()
         }]),
     };
-    let already_there = |err: &kube::Error| super::api_error(err).is_some_and(|(c, _)| c == 409);
+    let already_there = |err: &kube::Error| crate::api_error(err).is_some_and(|(c, _)| c == 409);
     match Api::<ServiceAccount>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &account)
         .await
@@ -421,152 +500,6 @@ pub async fn service_account_kubeconfig(
     Ok(())
 }
 
-/// CRDs, the operator namespace and (when given) the `default` config: what the chart installs.
-pub async fn install(client: &Client, config: Option<MaintenanceOperatorConfigSpec>) -> Result<()> {
-    super::apply_crds(client).await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(OPERATOR_NAMESPACE).await?.is_none() {
-        super::create_namespace(client, OPERATOR_NAMESPACE).await?;
-    }
-    if let Some(spec) = config {
-        set_config(client, spec).await?;
-    }
-    Ok(())
-}
-
-/// Creates or replaces the `default` MaintenanceOperatorConfig.
-pub async fn set_config(client: &Client, spec: MaintenanceOperatorConfigSpec) -> Result<()> {
-    let api: Api<MaintenanceOperatorConfig> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
-    let config = MaintenanceOperatorConfig {
-        metadata: ObjectMeta {
-            name: Some("default".into()),
-            namespace: Some(OPERATOR_NAMESPACE.into()),
-            ..ObjectMeta::default()
-        },
-        spec,
-        status: None,
-    };
-    api.patch(
-        "default",
-        &PatchParams::apply(super::FIELD_MANAGER).force(),
-        &Patch::Apply(&config),
-    )
-    .await
-    .context("applying the default MaintenanceOperatorConfig")?;
-    Ok(())
-}
-
-pub fn limits(
-    max_parallel: impl Into<Option<i32>>,
-    max_unavailable: impl Into<Option<i32>>,
-) -> MaintenanceOperatorConfigSpec {
-    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-    MaintenanceOperatorConfigSpec {
-        max_parallel_operations: max_parallel.into().map(IntOrString::Int),
-        max_unavailable: max_unavailable.into().map(IntOrString::Int),
-        ..MaintenanceOperatorConfigSpec::default()
-    }
-}
-
-pub fn request_spec(node: &str, requestor: &str) -> NodeMaintenanceSpec {
-    NodeMaintenanceSpec {
-        requestor_id: requestor.to_string(),
-        node_name: node.to_string(),
-        ..NodeMaintenanceSpec::default()
-    }
-}
-
-pub fn drain_spec(force: bool, timeout_seconds: i32) -> Option<DrainSpec> {
-    Some(DrainSpec {
-        force: Some(force),
-        timeout_seconds: Some(timeout_seconds),
-        ..DrainSpec::default()
-    })
-}
-
-pub async fn create_request(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    spec: NodeMaintenanceSpec,
-) -> Result<NodeMaintenance> {
-    let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), ns);
-    let nm = NodeMaintenance::new(name, spec);
-    api.create(&PostParams::default(), &nm)
-        .await
-        .with_context(|| format!("creating NodeMaintenance {ns}/{name}"))
-}
-
-pub async fn get_request(client: &Client, ns: &str, name: &str) -> Result<Option<NodeMaintenance>> {
-    Ok(Api::<NodeMaintenance>::namespaced(client.clone(), ns)
-        .get_opt(name)
-        .await?)
-}
-
-pub async fn list_requests(client: &Client, ns: &str) -> Result<Vec<NodeMaintenance>> {
-    Ok(Api::<NodeMaintenance>::namespaced(client.clone(), ns)
-        .list(&Default::default())
-        .await?
-        .items)
-}
-
-pub async fn delete_request(client: &Client, ns: &str, name: &str) -> Result<()> {
-    Api::<NodeMaintenance>::namespaced(client.clone(), ns)
-        .delete(name, &Default::default())
-        .await
-        .with_context(|| format!("deleting NodeMaintenance {ns}/{name}"))?;
-    Ok(())
-}
-
-/// Waits until the request shows `phase` (the reason of its Ready condition).
-pub async fn wait_phase(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    phase: Phase,
-    timeout: Duration,
-) -> Result<NodeMaintenance> {
-    let what = format!("NodeMaintenance {ns}/{name} to reach {phase}");
-    wait_for(&what, timeout, || async {
-        Ok(get_request(client, ns, name)
-            .await?
-            // Pending must be written (not merely unseen); Scheduled may be the admission's alone.
-            .filter(|nm| {
-                nm.phase() == phase && (phase != Phase::Pending || nm.condition("Ready").is_some())
-            }))
-    })
-    .await
-}
-
-pub async fn wait_request_gone(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    timeout: Duration,
-) -> Result<()> {
-    let what = format!("NodeMaintenance {ns}/{name} to be deleted");
-    wait_for(&what, timeout, || async {
-        Ok(get_request(client, ns, name).await?.is_none().then_some(()))
-    })
-    .await
-}
-
-pub async fn node_unschedulable(client: &Client, node: &str) -> Result<bool> {
-    let node: Node = Api::<Node>::all(client.clone()).get(node).await?;
-    Ok(node.spec.and_then(|s| s.unschedulable).unwrap_or(false))
-}
-
-/// Requests of `ns` past Pending (admitted at some point and not yet gone).
-pub fn past_pending(requests: &[NodeMaintenance]) -> Vec<String> {
-    let mut names: Vec<String> = requests
-        .iter()
-        .filter(|r| r.phase() != Phase::Pending)
-        .map(|r| r.name_any())
-        .collect();
-    names.sort();
-    names
-}
-
 /// Waits until the operator has run at least `rounds` more scheduling rounds, so a test can say
 /// "and nothing else was admitted" without sleeping.
 pub async fn wait_scheduler_rounds(operator: &Operator, rounds: u32) -> Result<()> {
@@ -582,50 +515,44 @@ pub async fn wait_scheduler_rounds(operator: &Operator, rounds: u32) -> Result<(
     .await
 }
 
-/// Plays the requestor: deletes each request of `ns` once it is Ready, until none is left.
-pub async fn release_all_when_ready(client: &Client, ns: &str, timeout: Duration) -> Result<()> {
-    wait_for("every request to finish", timeout, || async {
-        let all = list_requests(client, ns).await?;
-        for r in &all {
-            if r.phase() == Phase::Ready && !r.is_deleting() {
-                delete_request(client, ns, &r.name_any()).await?;
-            }
-        }
-        Ok(all.is_empty().then_some(()))
-    })
-    .await
+/// The arguments of replica `name` of several, which elect their leader with a lease of
+/// `lease_seconds`.
+pub fn replica_args<'a>(name: &'a str, lease_seconds: &'a str) -> [&'a str; 5] {
+    [
+        "--leader-elect",
+        "--lease-duration-seconds",
+        lease_seconds,
+        "--pod-name",
+        name,
+    ]
 }
 
-/// Watches the requests of `ns` and records the most nodes ever in maintenance (past Pending) at
-/// once, as the API server showed them. Abort the task when done.
-pub fn track_max_in_maintenance(
-    client: Client,
-    ns: String,
-) -> (
-    std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    tokio::task::JoinHandle<()>,
-) {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let max = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = max.clone();
-    let task = tokio::spawn(async move {
-        let api: Api<NodeMaintenance> = Api::namespaced(client, &ns);
-        let (reader, writer) = kube::runtime::reflector::store();
-        let stream = kube::runtime::reflector(writer, watcher(api, watcher::Config::default()))
-            .touched_objects();
-        futures::pin_mut!(stream);
-        while stream.next().await.is_some() {
-            let nodes: std::collections::HashSet<String> = reader
-                .state()
-                .iter()
-                .filter(|r| r.phase() != Phase::Pending)
-                .map(|r| r.spec.node_name.clone())
-                .collect();
-            seen.fetch_max(nodes.len(), std::sync::atomic::Ordering::SeqCst);
-        }
-    });
-    (max, task)
+/// A control plane of one test's own with `config` installed (see [`install`]), and a client of
+/// it: for tests that depend on cluster-wide state (the limits count every node, there is one
+/// config, one leader).
+pub async fn own_testbed(
+    config: Option<MaintenanceOperatorConfigSpec>,
+) -> Result<(Testbed, Client)> {
+    let testbed = Testbed::start().await?;
+    let client = testbed.client().await?;
+    install(&client, config).await?;
+    Ok((testbed, client))
+}
+
+/// [`own_testbed`] with `count` Ready nodes `<prefix>-<i>` and a namespace: the testbed, a
+/// client, the namespace and the nodes.
+pub async fn own_cluster(
+    prefix: &str,
+    count: usize,
+    config: Option<MaintenanceOperatorConfigSpec>,
+) -> Result<(Testbed, Client, String, Vec<String>)> {
+    let (testbed, client) = own_testbed(config).await?;
+    let nodes = crate::create_nodes(&client, prefix, count, &[]).await?;
+    // A deadline for the set-up, not a measurement: 30 nodes take about 20 s on 2 cores.
+    crate::wait_nodes_ready(&client, &nodes, Duration::from_secs(180)).await?;
+    let ns = crate::unique_name(prefix);
+    crate::create_namespace(&client, &ns).await?;
+    Ok((testbed, client, ns, nodes))
 }
 
 /// One control plane and one operator per test binary, for tests that do not depend on the
@@ -660,64 +587,19 @@ pub async fn shared_cluster() -> Result<&'static SharedCluster> {
 
 /// On the shared cluster: a namespace, `count` fresh Ready nodes, and a client of this test's
 /// own runtime.
-pub async fn isolated_setup(
-    prefix: &str,
-    count: usize,
-    timeout: Duration,
-) -> Result<(Client, String, Vec<String>)> {
+pub async fn isolated_setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String>)> {
     let shared = shared_cluster().await?;
     let client = shared.testbed.client().await?;
-    let ns = super::unique_name(prefix);
-    super::create_namespace(&client, &ns).await?;
-    let nodes = super::create_nodes(&client, &super::unique_name(prefix), count, &[]).await?;
-    super::wait_nodes_ready(&client, &nodes, timeout).await?;
+    let ns = crate::unique_name(prefix);
+    crate::create_namespace(&client, &ns).await?;
+    let nodes = crate::create_nodes(&client, &crate::unique_name(prefix), count, &[]).await?;
+    crate::wait_nodes_ready(&client, &nodes, Duration::from_secs(90)).await?;
     Ok((client, ns, nodes))
-}
-
-/// Phase, conditions, deletion and finalizers: what a timeout error should show.
-pub fn describe(r: &NodeMaintenance) -> String {
-    let conditions: Vec<String> = r
-        .status
-        .iter()
-        .flat_map(|s| s.conditions.iter())
-        .map(|c| format!("{}={} {} {:?}", c.type_, c.status, c.reason, c.message))
-        .collect();
-    format!(
-        "phase {}, conditions [{}], deleting {}, finalizers {:?}",
-        r.phase(),
-        conditions.join("; "),
-        r.is_deleting(),
-        r.finalizers()
-    )
-}
-
-/// Waits until the request exists and `done` holds for it.
-pub async fn wait_request(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-    done: impl Fn(&NodeMaintenance) -> bool,
-) -> Result<NodeMaintenance> {
-    let done = &done;
-    wait_until(
-        &format!("NodeMaintenance {ns}/{name}: {what}"),
-        timeout,
-        || async move {
-            Ok(match get_request(client, ns, name).await? {
-                Some(r) if done(&r) => Check::Done(r),
-                Some(r) => Check::Pending(describe(&r)),
-                None => Check::Pending("the request is gone".into()),
-            })
-        },
-    )
-    .await
 }
 
 /// `maintenance-operator plan -o json` against the live cluster.
 pub fn plan_json(testbed: &Testbed) -> Result<serde_json::Value> {
-    let output = Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
+    let output = Command::new(crate::built_binary("maintenance-operator"))
         .args(["plan", "-o", "json", "--namespace", OPERATOR_NAMESPACE])
         .env("KUBECONFIG", testbed.kubeconfig_path())
         .output()
@@ -726,11 +608,4 @@ pub fn plan_json(testbed: &Testbed) -> Result<serde_json::Value> {
         bail!("plan failed: {}", String::from_utf8_lossy(&output.stderr));
     }
     serde_json::from_slice(&output.stdout).context("plan -o json printed no JSON")
-}
-
-/// The message of a Pending request's `Ready` condition: why it waits.
-pub fn pending_message(request: &NodeMaintenance) -> Option<&str> {
-    (request.phase() == Phase::Pending)
-        .then(|| request.condition("Ready").map(|c| c.message.as_str()))
-        .flatten()
 }

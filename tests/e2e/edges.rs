@@ -12,15 +12,13 @@
 //! `MAINTENANCE_OPERATOR_BIN=<path>` runs them against another build of the operator, so that each
 //! can be shown to fail without the fix it covers.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use maintenance_crds::{
     DrainSpec, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, Phase,
@@ -38,10 +36,6 @@ const AT_ONCE: Duration = Duration::from_secs(20);
 /// A finalizer of the requestor's own, which keeps a released request visible.
 const REQUESTOR_FINALIZER: &str = "decom.example.com/keep";
 
-async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String>)> {
-    isolated_setup(prefix, count, WAIT).await
-}
-
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
@@ -52,14 +46,7 @@ fn failed_reason(r: &NodeMaintenance) -> Option<&str> {
 
 /// A JSON merge patch of the request's spec.
 async fn patch_spec(client: &Client, ns: &str, name: &str, spec: serde_json::Value) -> Result<()> {
-    Api::<NodeMaintenance>::namespaced(client.clone(), ns)
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({ "spec": spec })),
-        )
-        .await
-        .with_context(|| format!("patching the spec of NodeMaintenance {ns}/{name}"))?;
+    patch_request(client, ns, name, serde_json::json!({ "spec": spec })).await?;
     Ok(())
 }
 
@@ -104,16 +91,6 @@ async fn set_requestor_failed(client: &Client, ns: &str, name: &str, failed: boo
     .await
 }
 
-/// Pods of `ns` bound to `node`, terminating ones included.
-async fn pods_on_node(client: &Client, ns: &str, node: &str) -> Result<Vec<Pod>> {
-    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    Ok(Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&lp)
-        .await
-        .with_context(|| format!("listing the pods of {ns} on {node}"))?
-        .items)
-}
-
 /// A bare pod labelled `labels` on `node`, Ready.
 async fn running_bare_pod(
     client: &Client,
@@ -152,15 +129,6 @@ fn drain_selected(selector: &str, timeout_seconds: i32, force: bool) -> Option<D
     })
 }
 
-/// Reasons of the Events about request `name`, oldest first.
-async fn event_reasons(client: &Client, ns: &str, name: &str) -> Result<Vec<String>> {
-    Ok(events_about(client, ns, name)
-        .await?
-        .iter()
-        .filter_map(phase_or_reason)
-        .collect())
-}
-
 async fn delete_node(client: &Client, node: &str) -> Result<()> {
     Api::<Node>::all(client.clone())
         .delete(node, &Default::default())
@@ -181,14 +149,7 @@ async fn limited_cluster(
     prefix: &str,
     count: usize,
 ) -> Result<(Testbed, Client, String, Vec<String>)> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(1, None))).await?;
-    let nodes = create_nodes(&client, &unique_name(prefix), count, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name(prefix);
-    create_namespace(&client, &ns).await?;
-    Ok((testbed, client, ns, nodes))
+    own_cluster(prefix, count, Some(limits(1, None))).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -207,8 +168,7 @@ async fn limited_cluster(
 #[tokio::test]
 async fn deletion_while_draining_ignores_additional_requestors_but_deletion_when_ready_waits()
 -> Result<()> {
-    let (client, ns, nodes) = setup("edge-addreq", 2).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("edge-addreq", 2).await?;
     let (client, ns) = (&client, ns.as_str());
 
     let while_draining = async {
@@ -336,8 +296,7 @@ async fn deletion_while_draining_ignores_additional_requestors_but_deletion_when
     };
 
     tokio::try_join!(while_draining, when_ready)?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -349,8 +308,7 @@ async fn deletion_while_draining_ignores_additional_requestors_but_deletion_when
 /// is uncordoned and the request is gone; the pod is left alone.
 #[tokio::test]
 async fn deletion_while_waiting_for_pod_completion_uncordons_and_releases_at_once() -> Result<()> {
-    let (client, ns, nodes) = setup("edge-waitdel", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("edge-waitdel", 1).await?;
     let node = &nodes[0];
     let pod = running_bare_pod(&client, &ns, "forever", node, &[("role", "batch")]).await?;
     let mut spec = request_spec(node, "wait.example.com");
@@ -391,8 +349,7 @@ async fn deletion_while_waiting_for_pod_completion_uncordons_and_releases_at_onc
             .any(|p| p.metadata.uid == pod.metadata.uid && p.metadata.deletion_timestamp.is_none()),
         "the pod waited for was touched by the cleanup"
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 /// `spec.cordon` turned off while Ready, then the request deleted: the node we cordoned is
@@ -401,10 +358,9 @@ async fn deletion_while_waiting_for_pod_completion_uncordons_and_releases_at_onc
 /// admission's `cordon-requested` annotation.
 #[tokio::test]
 async fn a_cordon_turned_off_mid_maintenance_is_still_undone() -> Result<()> {
-    let (client, ns, nodes) = setup("edge-cordonoff", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("edge-cordonoff", 1).await?;
     let node = &nodes[0];
-    create_request(&client, &ns, "m", request_spec(node, "cordon.example.com")).await?;
+    request_node(&client, &ns, "m", node, "cordon.example.com").await?;
     wait_request(&client, &ns, "m", "Ready", WAIT, |r| {
         r.phase() == Phase::Ready
     })
@@ -414,14 +370,12 @@ async fn a_cordon_turned_off_mid_maintenance_is_still_undone() -> Result<()> {
         "{node} not cordoned while Ready"
     );
     patch_spec(&client, &ns, "m", serde_json::json!({ "cordon": false })).await?;
-    delete_request(&client, &ns, "m").await?;
-    wait_request_gone(&client, &ns, "m", AT_ONCE).await?;
+    release_request(&client, &ns, "m", AT_ONCE).await?;
     ensure!(
         !node_unschedulable(&client, node).await?,
         "{node} left cordoned after spec.cordon was turned off and the request deleted"
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 /// An uncordon the API server refuses (here a ValidatingAdmissionPolicy: the node must stay
@@ -431,10 +385,9 @@ async fn a_cordon_turned_off_mid_maintenance_is_still_undone() -> Result<()> {
 /// retried step uncordons the node and the request goes.
 #[tokio::test]
 async fn a_refused_uncordon_holds_the_deletion_and_the_events_say_why() -> Result<()> {
-    let (client, ns, nodes) = setup("edge-refused", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("edge-refused", 1).await?;
     let node = &nodes[0];
-    create_request(&client, &ns, "m", request_spec(node, "refused.example.com")).await?;
+    request_node(&client, &ns, "m", node, "refused.example.com").await?;
     wait_request(&client, &ns, "m", "Ready", WAIT, |r| {
         r.phase() == Phase::Ready
     })
@@ -508,8 +461,7 @@ async fn a_refused_uncordon_holds_the_deletion_and_the_events_say_why() -> Resul
         !node_unschedulable(&client, node).await?,
         "{node} still cordoned after the request went"
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -540,8 +492,8 @@ async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> 
         .context("creating NodeMaintenance draining")?;
     wait_phase(client, ns, "draining", Phase::Draining, WAIT).await?;
     // Older first: `next` is admitted before `last` once a slot is free.
-    create_request(client, ns, "next", request_spec(&nodes[1], "b.example.com")).await?;
-    create_request(client, ns, "last", request_spec(&nodes[2], "c.example.com")).await?;
+    request_node(client, ns, "next", &nodes[1], "b.example.com").await?;
+    request_node(client, ns, "last", &nodes[2], "c.example.com").await?;
     for name in ["next", "last"] {
         wait_request(
             client,
@@ -554,14 +506,8 @@ async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> 
         .await?;
     }
     wait_scheduler_rounds(&operator, 2).await?;
-    let held = get_request(client, ns, "next")
-        .await?
-        .context("request next is gone")?;
-    ensure!(
-        held.phase() == Phase::Pending,
-        "precondition: the slot is taken by the draining request, yet next is {}",
-        describe(&held)
-    );
+    let why = "precondition: the slot is taken by the draining request, yet next is not Pending";
+    ensure_phase(client, ns, "next", Phase::Pending, why).await?;
 
     delete_node(client, &nodes[0]).await?;
     let released = wait_request(
@@ -578,14 +524,8 @@ async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> 
         .await
         .context("the slot of the deleted node must go to the next request")?;
     // The requestor lets go of its object.
-    requests
-        .patch(
-            "draining",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .context("removing the requestor's finalizer")?;
+    let no_finalizers = serde_json::json!({"metadata": {"finalizers": null}});
+    patch_request(client, ns, "draining", no_finalizers).await?;
     wait_request_gone(client, ns, "draining", WAIT).await?;
     ensure!(
         node_unschedulable(client, &nodes[1]).await?,
@@ -638,8 +578,7 @@ async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> 
     wait_request_gone(client, ns, "next", WAIT)
         .await
         .context("a held deletion must be released when the node is gone")?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -650,8 +589,7 @@ async fn a_deleted_node_releases_its_request_and_frees_the_slot() -> Result<()> 
 /// moves it to `Ready`. The pods waited for, and the pod the PDB protects, stay.
 #[tokio::test]
 async fn removing_wait_for_pod_completion_or_drain_spec_mid_phase_moves_on() -> Result<()> {
-    let (client, ns, nodes) = setup("edge-specrm", 2).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("edge-specrm", 2).await?;
     let (client, ns) = (&client, ns.as_str());
 
     let wait_then_ready = async {
@@ -755,8 +693,7 @@ async fn removing_wait_for_pod_completion_or_drain_spec_mid_phase_moves_on() -> 
     };
 
     tokio::try_join!(wait_then_ready, wait_then_drain_then_ready)?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -772,8 +709,7 @@ async fn removing_wait_for_pod_completion_or_drain_spec_mid_phase_moves_on() -> 
 /// the way to `Ready`, and deleting it uncordons.
 #[tokio::test]
 async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -> Result<()> {
-    let (client, ns, nodes) = setup("edge-reqfail", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("edge-reqfail", 1).await?;
     let node = &nodes[0];
     let pod = running_bare_pod(&client, &ns, "job", node, &[("role", "batch")]).await?;
     let mut spec = request_spec(node, "flaky.example.com");
@@ -781,13 +717,7 @@ async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -
     create_request(&client, &ns, "m", spec).await?;
     wait_phase(&client, &ns, "m", Phase::WaitForPodCompletion, WAIT).await?;
     // A second requestor's request on the same node waits behind the first one, and fails.
-    create_request(
-        &client,
-        &ns,
-        "queued",
-        request_spec(node, "second.example.com"),
-    )
-    .await?;
+    request_node(&client, &ns, "queued", node, "second.example.com").await?;
     wait_request(
         &client,
         &ns,
@@ -841,8 +771,7 @@ async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -
         "{node} not cordoned in Ready"
     );
 
-    delete_request(&client, &ns, "m").await?;
-    wait_request_gone(&client, &ns, "m", AT_ONCE).await?;
+    release_request(&client, &ns, "m", AT_ONCE).await?;
 
     // Now the queued request is admitted, and stops at once; the node was schedulable then.
     let failed = wait_phase(&client, &ns, "queued", Phase::RequestorFailed, WAIT)
@@ -868,14 +797,12 @@ async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -
         node_unschedulable(&client, node).await?,
         "{node} not cordoned when the resumed request is Ready"
     );
-    delete_request(&client, &ns, "queued").await?;
-    wait_request_gone(&client, &ns, "queued", AT_ONCE).await?;
+    release_request(&client, &ns, "queued", AT_ONCE).await?;
     ensure!(
         !node_unschedulable(&client, node).await?,
         "{node} left cordoned"
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -886,8 +813,7 @@ async fn requestor_failed_while_waiting_for_pods_stops_then_resumes_to_ready() -
 /// failure does not hide the timeout.
 #[tokio::test]
 async fn drain_timeout_is_reported_after_an_invalid_spec_was_fixed() -> Result<()> {
-    let (client, ns, nodes) = setup("edge-timeout", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("edge-timeout", 1).await?;
     let node = &nodes[0];
     blocked_workload(&client, &ns, "held", node, 1, WAIT).await?;
     let mut spec = request_spec(node, "timeout.example.com");
@@ -919,8 +845,7 @@ async fn drain_timeout_is_reported_after_an_invalid_spec_was_fixed() -> Result<(
         "the DrainTimeout message does not name the PDB: {message}"
     );
     delete_request(&client, &ns, "m").await?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -931,8 +856,7 @@ async fn drain_timeout_is_reported_after_an_invalid_spec_was_fixed() -> Result<(
 /// the request still reaches `Ready`.
 #[tokio::test]
 async fn pods_arriving_during_a_drain_do_not_hold_it() -> Result<()> {
-    let (client, ns, nodes) = setup("edge-arrive", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("edge-arrive", 1).await?;
     let (client, ns) = (&client, ns.as_str());
     let node = &nodes[0];
     let labels = [("app", "sticky")];
@@ -996,8 +920,7 @@ async fn pods_arriving_during_a_drain_do_not_hold_it() -> Result<()> {
         "{node} cordoned despite cordon: false"
     );
     delete_request(client, ns, "m").await?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1013,20 +936,8 @@ async fn a_request_with_an_unknown_ready_reason_holds_a_slot() -> Result<()> {
     let (client, ns) = (&client, ns.as_str());
     // The older request, on the first node: first in every tie-break of the admission order, so
     // the one admitted if the unknown one counted as Pending.
-    create_request(
-        client,
-        ns,
-        "older",
-        request_spec(&nodes[0], "b.example.com"),
-    )
-    .await?;
-    create_request(
-        client,
-        ns,
-        "unknown",
-        request_spec(&nodes[1], "a.example.com"),
-    )
-    .await?;
+    request_node(client, ns, "older", &nodes[0], "b.example.com").await?;
+    request_node(client, ns, "unknown", &nodes[1], "a.example.com").await?;
     let condition = Condition {
         type_: condition_type::READY.into(),
         status: "False".into(),
@@ -1071,8 +982,7 @@ async fn a_request_with_an_unknown_ready_reason_holds_a_slot() -> Result<()> {
         r.finalizers().iter().any(|f| f == FINALIZER)
     })
     .await?;
-    delete_request(client, ns, "unknown").await?;
-    wait_request_gone(client, ns, "unknown", WAIT).await?;
+    release_request(client, ns, "unknown", WAIT).await?;
     ensure!(
         !node_unschedulable(client, &nodes[1]).await?,
         "{} left cordoned after its request with an unknown reason was deleted",
@@ -1081,6 +991,5 @@ async fn a_request_with_an_unknown_ready_reason_holds_a_slot() -> Result<()> {
     wait_phase(client, ns, "older", Phase::Ready, WAIT)
         .await
         .context("the slot must be free once the unknown request is gone")?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }

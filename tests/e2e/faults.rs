@@ -18,8 +18,6 @@
 //! two requests on a node, no pod deleted instead of evicted), checked against what the cluster
 //! and the API server's audit log show.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,7 +32,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use maintenance_crds::{FINALIZER, MaintenanceOperatorConfigSpec, NodeMaintenance, Phase};
-use support::audit::{AuditLog, WriteCall, seconds_between};
+use support::audit::{AuditLog, WriteCall, describe_writes, seconds_between};
 use support::faults::{
     Component, FaultProxy, HttpFaults, Stream, Toxic, ToxicKind, ToxicProxy, Toxiproxy,
     start_component, stop_component,
@@ -59,10 +57,6 @@ const API_SERVER_OUTAGE: Duration = Duration::from_secs(20);
 /// Lease duration of the partition scenario (renew deadline 2/3 of it).
 const LEASE_SECONDS: u64 = 4;
 
-/// One scenario at a time: each runs a control plane of its own plus a 30-node rollout, and two
-/// at once on a small machine would time the machine rather than the operator.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// A control plane with 30 Ready nodes and the workloads, before the operator starts.
 struct Cluster {
     testbed: Testbed,
@@ -72,14 +66,8 @@ struct Cluster {
 }
 
 async fn prepare(name: &str) -> Result<Cluster> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(MAX_PARALLEL, MAX_UNAVAILABLE))).await?;
-    let prefix = unique_name(name);
-    let nodes = create_nodes(&client, &prefix, NODES, &[]).await?;
-    wait_nodes_ready(&client, &nodes, SETUP).await?;
-    let ns = unique_name(name);
-    create_namespace(&client, &ns).await?;
+    let (testbed, client, ns, nodes) =
+        own_cluster(name, NODES, Some(limits(MAX_PARALLEL, MAX_UNAVAILABLE))).await?;
     let apps: Vec<String> = (0..DEPLOYMENTS).map(|i| format!("app-{i}")).collect();
     for (i, app) in apps.iter().enumerate() {
         let labels = [("app", app.as_str())];
@@ -89,7 +77,7 @@ async fn prepare(name: &str) -> Result<Cluster> {
             app,
             REPLICAS,
             &labels,
-            &PodSpecOptions::on_nodes_with_prefix(&prefix),
+            &PodSpecOptions::on_nodes_with_prefix(name),
         )
         .await?;
         if i % 2 == 0 {
@@ -380,7 +368,7 @@ fn report_time(scenario: &str, started: Instant) {
 
 #[tokio::test]
 async fn latency_spikes_and_a_bandwidth_limit_during_the_drains() -> Result<()> {
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let started = Instant::now();
     let cluster = prepare("lat").await?;
     let (_toxiproxy, proxy, _operator, user) =
@@ -417,7 +405,7 @@ async fn latency_spikes_and_a_bandwidth_limit_during_the_drains() -> Result<()> 
 
 #[tokio::test]
 async fn connections_reset_every_few_seconds() -> Result<()> {
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let started = Instant::now();
     let cluster = prepare("rst").await?;
     let (_toxiproxy, proxy, _operator, user) =
@@ -450,7 +438,7 @@ async fn connections_reset_every_few_seconds() -> Result<()> {
 /// the drains wait forever (the test would fail after `STALL`, naming the blocked pods).
 #[tokio::test]
 async fn five_percent_500_and_429_and_watches_cut() -> Result<()> {
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let started = Instant::now();
     let cluster = prepare("http").await?;
     let (direct, user) = operator_account(&cluster.testbed, "faulty-operator").await?;
@@ -520,7 +508,7 @@ async fn judge_outage_and_watch_on(
 
 #[tokio::test]
 async fn api_server_stopped_for_20s_mid_drain() -> Result<()> {
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let started = Instant::now();
     let cluster = prepare("apisrv").await?;
     let _operator = Operator::start_as(&cluster.testbed, "faulty-operator", &[]).await?;
@@ -552,7 +540,7 @@ async fn api_server_stopped_for_20s_mid_drain() -> Result<()> {
 
 #[tokio::test]
 async fn etcd_restarted_mid_drain() -> Result<()> {
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let started = Instant::now();
     let cluster = prepare("etcd").await?;
     let _operator = Operator::start_as(&cluster.testbed, "faulty-operator", &[]).await?;
@@ -575,43 +563,23 @@ async fn etcd_restarted_mid_drain() -> Result<()> {
     Ok(())
 }
 
-async fn wait_holder(client: &Client, holder: &str, timeout: Duration) -> Result<()> {
-    wait_until(&format!("{holder} to hold the Lease"), timeout, || async {
-        Ok(
-            match lease_holder(client, OPERATOR_NAMESPACE, OUR_LEASE).await? {
-                Some(h) if h == holder => Check::Done(()),
-                other => Check::Pending(format!("holder {other:?}")),
-            },
-        )
-    })
-    .await
-}
-
-fn describe_writes(writes: &[&WriteCall]) -> String {
-    let shown: Vec<String> = writes.iter().take(20).map(|w| w.describe()).collect();
-    format!("{} writes:\n{}", writes.len(), shown.join("\n"))
-}
-
 #[tokio::test]
 async fn leader_partitioned_from_the_api_server_stops_before_its_lease_is_taken() -> Result<()> {
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let started = Instant::now();
     let cluster = prepare("part").await?;
     let lease = LEASE_SECONDS.to_string();
-    let args = |name: &'static str| {
-        [
-            "--leader-elect",
-            "--lease-duration-seconds",
-            lease.as_str(),
-            "--pod-name",
-            name,
-        ]
-    };
     // The first replica reaches the API server through toxiproxy only, the second directly.
     let (_toxiproxy, proxy, mut first, first_user) =
-        operator_through_toxiproxy(&cluster, "replica-a", &args("replica-a")).await?;
+        operator_through_toxiproxy(&cluster, "replica-a", &replica_args("replica-a", &lease))
+            .await?;
     wait_holder(&cluster.client, "replica-a", SETUP).await?;
-    let second = Operator::start_as(&cluster.testbed, "replica-b", &args("replica-b")).await?;
+    let second = Operator::start_as(
+        &cluster.testbed,
+        "replica-b",
+        &replica_args("replica-b", &lease),
+    )
+    .await?;
     let second_user = service_account_user("replica-b");
     let monitor = monitor(&cluster, &first_user).await?;
     let since = Timestamp::now();
@@ -704,14 +672,8 @@ async fn leader_partitioned_from_the_api_server_stops_before_its_lease_is_taken(
 #[tokio::test]
 async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
     const LIST_DELAY: Duration = Duration::from_secs(8);
-    let _turn = SERIAL.lock().await;
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(1, 1))).await?;
-    let nodes = create_nodes(&client, &unique_name("slow"), 2, &[]).await?;
-    wait_nodes_ready(&client, &nodes, SETUP).await?;
-    let ns = unique_name("slow");
-    create_namespace(&client, &ns).await?;
+    let _turn = large_scenario_turn().await;
+    let (testbed, client, ns, nodes) = own_cluster("slow", 2, Some(limits(1, 1))).await?;
     let (direct, _user) = operator_account(&testbed, "slow-sync").await?;
     let mut proxy = FaultProxy::start(&testbed, &direct).await?;
     proxy
@@ -727,13 +689,7 @@ async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
     let mut operator = Operator::start_with_kubeconfig(
         &kubeconfig,
         testbed.dir(),
-        &[
-            "--leader-elect",
-            "--lease-duration-seconds",
-            &lease,
-            "--pod-name",
-            "slow-sync",
-        ],
+        &replica_args("slow-sync", &lease),
     )
     .await?;
     let synced_after = started.elapsed();
@@ -744,13 +700,7 @@ async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
          {synced_after:?})"
     );
     // Three lease durations past the sync: a leader that could not renew would be gone by now.
-    create_request(
-        &client,
-        &ns,
-        "after-sync",
-        request_spec(&nodes[0], REQUESTOR),
-    )
-    .await?;
+    request_node(&client, &ns, "after-sync", &nodes[0], REQUESTOR).await?;
     wait_phase(&client, &ns, "after-sync", Phase::Ready, SETUP).await?;
     let hold_for = Duration::from_secs(3 * LEASE_SECONDS);
     let until = Instant::now() + hold_for;
@@ -797,13 +747,7 @@ async fn behind_proxy(
     config: MaintenanceOperatorConfigSpec,
     faults: &HttpFaults,
 ) -> Result<BehindProxy> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(config)).await?;
-    let nodes = create_nodes(&client, &unique_name(name), nodes, &[]).await?;
-    wait_nodes_ready(&client, &nodes, SETUP).await?;
-    let ns = unique_name(name);
-    create_namespace(&client, &ns).await?;
+    let (testbed, client, ns, nodes) = own_cluster(name, nodes, Some(config)).await?;
     let (direct, user) = operator_account(&testbed, name).await?;
     let mut proxy = FaultProxy::start(&testbed, &direct).await?;
     proxy.set(faults).await?;
@@ -840,7 +784,7 @@ async fn behind_proxy(
 #[tokio::test]
 async fn an_admission_whose_answer_is_lost_keeps_its_slot() -> Result<()> {
     const REQUESTS: usize = 4;
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let BehindProxy {
         testbed,
         client,
@@ -858,7 +802,7 @@ async fn an_admission_whose_answer_is_lost_keeps_its_slot() -> Result<()> {
     .await?;
     let names: Vec<String> = (0..REQUESTS).map(|i| format!("m{i}")).collect();
     for (name, node) in names.iter().zip(&nodes) {
-        create_request(&client, &ns, name, request_spec(node, REQUESTOR)).await?;
+        request_node(&client, &ns, name, node, REQUESTOR).await?;
         if name == &names[0] {
             wait_phase(&client, &ns, name, Phase::Ready, SETUP).await?;
         }
@@ -940,14 +884,14 @@ async fn an_admission_whose_answer_is_lost_keeps_its_slot() -> Result<()> {
 /// and holds the node until it has.
 #[tokio::test]
 async fn a_request_gone_without_our_cleanup_has_its_cordon_undone() -> Result<()> {
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let faults = HttpFaults {
         watch_delay_ms: 1000,
         ..HttpFaults::default()
     };
     let cluster = behind_proxy("hand-removed", 1, limits(1, 1), &faults).await?;
     let (client, ns, node) = (&cluster.client, &cluster.ns, &cluster.nodes[0]);
-    create_request(client, ns, "m", request_spec(node, REQUESTOR)).await?;
+    request_node(client, ns, "m", node, REQUESTOR).await?;
     wait_phase(client, ns, "m", Phase::Ready, SETUP).await?;
     ensure!(
         node_unschedulable(client, node).await?,
@@ -955,14 +899,8 @@ async fn a_request_gone_without_our_cleanup_has_its_cordon_undone() -> Result<()
     );
     // The finalizer first, then the deletion, which then goes through at once: the operator
     // never sees the request deleting.
-    Api::<NodeMaintenance>::namespaced(client.clone(), ns)
-        .patch(
-            "m",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } })),
-        )
-        .await
-        .context("removing the finalizers by hand")?;
+    let no_finalizers = serde_json::json!({ "metadata": { "finalizers": null } });
+    patch_request(client, ns, "m", no_finalizers).await?;
     delete_request(client, ns, "m").await?;
     ensure!(
         get_request(client, ns, "m").await?.is_none(),
@@ -994,7 +932,7 @@ async fn a_request_gone_without_our_cleanup_has_its_cordon_undone() -> Result<()
 async fn a_request_deleted_as_soon_as_it_is_admitted_leaves_its_node_schedulable() -> Result<()> {
     const TARGETS: usize = 6;
     const ROUNDS: usize = 3;
-    let _turn = SERIAL.lock().await;
+    let _turn = large_scenario_turn().await;
     let faults = HttpFaults {
         watch_delay_ms: 1000,
         request_delay_ms: 300,
@@ -1038,13 +976,7 @@ async fn a_request_deleted_as_soon_as_it_is_admitted_leaves_its_node_schedulable
     };
     for round in 0..ROUNDS {
         for (i, node) in targets.iter().enumerate() {
-            create_request(
-                client,
-                ns,
-                &format!("r{round}-{i}"),
-                request_spec(node, REQUESTOR),
-            )
-            .await?;
+            request_node(client, ns, &format!("r{round}-{i}"), node, REQUESTOR).await?;
         }
         wait_for("every request of the round to be gone", SETUP, || async {
             Ok(list_requests(client, ns).await?.is_empty().then_some(()))
@@ -1059,7 +991,7 @@ async fn a_request_deleted_as_soon_as_it_is_admitted_leaves_its_node_schedulable
          before the operator admitted them)",
         TARGETS * ROUNDS
     );
-    create_request(client, ns, "last", request_spec(&last[0], REQUESTOR)).await?;
+    request_node(client, ns, "last", &last[0], REQUESTOR).await?;
     wait_phase(client, ns, "last", Phase::Ready, SETUP).await?;
     delete_request(client, ns, "last").await?;
     wait_for("the last request to be gone", SETUP, || async {

@@ -1,8 +1,6 @@
 //! The `kubectl-maintenance` plugin as a user runs it: the built binary against a live control
 //! plane, asserting on what the cluster shows afterwards (and on the output a person reads).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -297,7 +295,7 @@ async fn preflight_names_what_blocks_and_passes_a_healthy_node() -> Result<()> {
         &PodSpecOptions::on_node(risky),
     )
     .await?;
-    create_pdb_min_available(&client, &ns, "db", &[("app", "db")], IntOrString::Int(1)).await?;
+    create_app_pdb(&client, &ns, "db", 1).await?;
     create_bare_pod(&client, &ns, "loner", risky, &BarePodOptions::default()).await?;
     let scratch = PodSpecOptions {
         empty_dir: true,
@@ -424,20 +422,9 @@ async fn preflight_checks_that_the_evicted_pods_fit_elsewhere() -> Result<()> {
     create_namespace(&client, &ns).await?;
     let prefix = unique_name("kcap");
     // Three small nodes; two pods of 3 CPU that may only run on them land on two of them.
-    let small = NodeOptions {
-        cpu: "4".into(),
-        memory: "8Gi".into(),
-        ..Default::default()
-    };
-    let nodes = create_nodes_with(&client, &prefix, 3, &small).await?;
+    let nodes = create_nodes_with(&client, &prefix, 3, &NodeOptions::sized("4", "8Gi")).await?;
     wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let big = PodSpecOptions {
-        requests: BTreeMap::from([
-            ("cpu".to_string(), "3".to_string()),
-            ("memory".to_string(), "1Gi".to_string()),
-        ]),
-        ..PodSpecOptions::on_nodes_with_prefix(&prefix)
-    };
+    let big = PodSpecOptions::on_nodes_with_prefix(&prefix).requesting("3", "1Gi");
     create_deployment(&client, &ns, "big", 2, &[("app", "big")], &big).await?;
     wait_pods_ready(&client, &ns, "app=big", 2, WAIT).await?;
     let mut occupied: Vec<String> = Api::<Pod>::namespaced(client.clone(), &ns)
@@ -696,8 +683,7 @@ async fn rollout_runs_the_command_on_every_node_and_releases_them() -> Result<()
             "done-marks removed once complete: {node} {annotations:?}"
         );
     }
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
@@ -791,6 +777,5 @@ async fn a_failing_command_stops_the_rollout_and_a_rerun_resumes_it() -> Result<
     if text.contains('\u{1b}') {
         bail!("terminal escape codes in a pipe: {text}");
     }
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }

@@ -5,10 +5,8 @@
 //! and run the operator with nothing but the chart's ServiceAccount token, so the ClusterRole and
 //! Role are proven sufficient, and proven necessary by removing one verb.
 //!
-//! `MO_UPDATE_MANIFESTS=1 cargo test --test helm_chart` rewrites the generated files (the chart's
+//! `MO_UPDATE_MANIFESTS=1 cargo test --test release helm_chart::` rewrites the generated files (the chart's
 //! copy of the CRDs and deploy/manifests/maintenance-operator.yaml) instead of failing.
-
-mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,12 +19,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::chart::*;
-use support::operator::{Operator, service_account_kubeconfig};
+use support::operator::Operator;
 use support::*;
 
 const NAMESPACE: &str = "maintenance-operator";
@@ -113,7 +109,7 @@ fn check_generated(path: &Path, want: &str, from: &str) -> Result<()> {
             });
         bail!(
             "{} is out of date with {from} (first difference at line {line}); regenerate it with \
-             `MO_UPDATE_MANIFESTS=1 cargo test --test helm_chart`",
+             `MO_UPDATE_MANIFESTS=1 cargo test --test release helm_chart::`",
             path.display()
         );
     }
@@ -217,15 +213,20 @@ fn deployment_is_hardened_and_highly_available() -> Result<()> {
         labels["app.kubernetes.io/name"] == NAME,
         "the operator recognises its own pods by app.kubernetes.io/name; labels {labels}"
     );
-    for (k, v) in spec["selector"]["matchLabels"]
-        .as_object()
-        .context("no selector")?
-    {
-        ensure!(
-            &labels[k] == v,
-            "the selector {k}={v} does not match the pod labels"
-        );
-    }
+    // What a selector asks for, the pods carry.
+    let selects_the_pods = |what: &str, selector: &Value| -> Result<()> {
+        let selector = selector
+            .as_object()
+            .with_context(|| format!("{what}: no selector"))?;
+        for (k, v) in selector {
+            ensure!(
+                &labels[k] == v,
+                "{what} selects {k}={v}, the pods do not carry it"
+            );
+        }
+        Ok(())
+    };
+    selects_the_pods("the Deployment", &spec["selector"]["matchLabels"])?;
     ensure!(pod["serviceAccountName"] == NAME);
     ensure!(pod["priorityClassName"] == "system-cluster-critical");
 
@@ -327,15 +328,7 @@ fn deployment_is_hardened_and_highly_available() -> Result<()> {
     ensure!(c["readinessProbe"]["httpGet"]["port"] == "metrics");
 
     let service = find(&docs, "Service", NAME)?;
-    for (k, v) in service["spec"]["selector"]
-        .as_object()
-        .context("Service without selector")?
-    {
-        ensure!(
-            &labels[k] == v,
-            "the Service selects {k}={v}, the pods do not carry it"
-        );
-    }
+    selects_the_pods("the Service", &service["spec"]["selector"])?;
     ensure!(service["spec"]["ports"][0]["targetPort"] == "metrics");
 
     let namespace = find(&docs, "Namespace", NAMESPACE)?;
@@ -1033,16 +1026,10 @@ fn webhook_can_be_turned_off_and_tuned() -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // e2e on the testbed
 
-/// The e2e tests share one testbed and the cluster-wide objects of the chart: one at a time.
-static E2E: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 #[tokio::test]
 async fn rendered_manifests_apply_to_a_real_control_plane() -> Result<()> {
-    let _one = E2E.lock().await;
-    let testbed = Testbed::shared().await?;
-    let client = testbed.client().await?;
-    let dir = tempfile::tempdir()?;
-    let docs = install_manifests(testbed, dir.path())?;
+    let chart = ChartOnTestbed::install().await?;
+    let (testbed, client, dir, docs) = (chart.testbed, &chart.client, &chart.dir, &chart.docs);
 
     // Every object is there as applied.
     let listed: Value = serde_json::from_str(&run(kubectl(testbed)
@@ -1081,14 +1068,14 @@ async fn rendered_manifests_apply_to_a_real_control_plane() -> Result<()> {
     // The pod the Deployment would make passes admission: the ServiceAccount and priority class
     // exist, and the namespace's `restricted` Pod Security level accepts it.
     let template: PodTemplateSpec =
-        serde_json::from_value(find(&docs, "Deployment", NAME)?["spec"]["template"].clone())?;
+        serde_json::from_value(find(docs, "Deployment", NAME)?["spec"]["template"].clone())?;
     let mut pod = Pod {
         metadata: template.metadata.unwrap_or_default(),
         spec: template.spec,
         ..Default::default()
     };
     pod.metadata.name = Some("admission-check".into());
-    Api::<Pod>::namespaced(client, NAMESPACE)
+    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
         .create(
             &PostParams {
                 dry_run: true,
@@ -1106,7 +1093,7 @@ async fn rendered_manifests_apply_to_a_real_control_plane() -> Result<()> {
 /// the registration's trust in the pods still serving the old certificate.
 #[tokio::test]
 async fn generated_webhook_certificate_is_kept_across_upgrades() -> Result<()> {
-    let _one = E2E.lock().await;
+    let _one = chart_turn().await;
     let testbed = Testbed::shared().await?;
     let client = testbed.client().await?;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
@@ -1166,26 +1153,6 @@ async fn generated_webhook_certificate_is_kept_across_upgrades() -> Result<()> {
         .delete(WEBHOOK_SECRET, &DeleteParams::default())
         .await;
     result
-}
-
-fn config_resource() -> ApiResource {
-    ApiResource {
-        group: "maintenance.nvidia.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "maintenance.nvidia.com/v1alpha1".into(),
-        kind: "MaintenanceOperatorConfig".into(),
-        plural: "maintenanceoperatorconfigs".into(),
-    }
-}
-
-fn request_resource() -> ApiResource {
-    ApiResource {
-        group: "maintenance.nvidia.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "maintenance.nvidia.com/v1alpha1".into(),
-        kind: "NodeMaintenance".into(),
-        plural: "nodemaintenances".into(),
-    }
 }
 
 /// The last lines of the operator's log, for a failure message.
@@ -1320,14 +1287,9 @@ impl Requests {
 
 #[tokio::test]
 async fn operator_runs_with_only_the_chart_rbac() -> Result<()> {
-    let _one = E2E.lock().await;
-    let testbed = Testbed::shared().await?;
-    let client = testbed.client().await?;
-    let dir = tempfile::tempdir()?;
-    install_manifests(testbed, dir.path())?;
-
-    let kubeconfig = dir.path().join("operator.kubeconfig");
-    service_account_kubeconfig(testbed, NAMESPACE, NAME, &kubeconfig).await?;
+    let chart = ChartOnTestbed::install().await?;
+    let (testbed, client, dir) = (chart.testbed, &chart.client, &chart.dir);
+    let kubeconfig = chart.service_account_kubeconfig().await?;
     let operator = Operator::start_with_kubeconfig(
         &kubeconfig,
         dir.path(),
@@ -1340,7 +1302,7 @@ async fn operator_runs_with_only_the_chart_rbac() -> Result<()> {
         ],
     )
     .await?;
-    let result = rbac_lifecycle(&client, &operator).await;
+    let result = rbac_lifecycle(client, &operator).await;
     if result.is_err() {
         eprintln!("operator log (last lines):\n{}", log_tail(&operator));
     }

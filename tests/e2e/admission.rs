@@ -2,9 +2,7 @@
 //! operator running as a process: a request whose drain would only wait on a PodDisruptionBudget
 //! is passed over for a drainable one, and says which budget holds it back.
 //!
-//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_admission`
-
-mod support;
+//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e admission::`
 
 use std::time::Duration;
 
@@ -21,30 +19,10 @@ const REQUESTOR: &str = "admission.example.com";
 
 #[tokio::test]
 async fn prefer_drainable_passes_over_a_blocked_drain() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(
-        &client,
-        Some(MaintenanceOperatorConfigSpec {
-            max_parallel_operations: Some(IntOrString::Int(1)),
-            admission: Some(Admission {
-                prefer_drainable: Some(true),
-                ..Admission::default()
-            }),
-            ..MaintenanceOperatorConfigSpec::default()
-        }),
-    )
-    .await?;
-    let nodes = create_nodes(&client, "adm", 2, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("drainable");
-    create_namespace(&client, &ns).await?;
+    let config = with_admission(1, |a| a.prefer_drainable = Some(true));
+    let (testbed, client, ns, nodes) = own_cluster("drainable", 2, Some(config)).await?;
     let account = "admission-operator";
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &ns, &nodes, account).await?;
     // nodes[0] carries a pod behind a budget that allows no disruption; nodes[1] is empty.
     blocked_workload(&client, &ns, "guarded", &nodes[0], 1, WAIT).await?;
 
@@ -119,8 +97,7 @@ async fn prefer_drainable_passes_over_a_blocked_drain() -> Result<()> {
         blocked["reason"].as_str().is_some_and(|r| r.contains(&pdb)),
         "{blocked}"
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]

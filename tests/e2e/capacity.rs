@@ -4,11 +4,8 @@
 //! and its pod runs on the new node. While every slot is taken, neither `checkCapacity` nor
 //! `preferDrainable` reads a pod. On testbeds of their own: capacity counts every node.
 //!
-//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_capacity`
+//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e capacity::`
 
-mod support;
-
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -16,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-use maintenance_crds::{Admission, MaintenanceOperatorConfigSpec, Phase};
+use maintenance_crds::Phase;
 use support::audit::{AuditLog, BENCH_OPERATOR_ACCOUNT};
 use support::invariants::*;
 use support::operator::*;
@@ -27,38 +24,15 @@ const REQUESTOR: &str = "capacity.example.com";
 
 #[tokio::test]
 async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(
-        &client,
-        Some(MaintenanceOperatorConfigSpec {
-            max_parallel_operations: Some(IntOrString::Int(10)),
-            admission: Some(Admission {
-                check_capacity: Some(true),
-                ..Admission::default()
-            }),
-            ..MaintenanceOperatorConfigSpec::default()
-        }),
-    )
-    .await?;
+    let config = with_admission(10, |a| a.check_capacity = Some(true));
+    let (testbed, client) = own_testbed(Some(config)).await?;
     // Two nodes of 2 CPU; one 1500m pod on each: neither node has room for the other's pod.
     let prefix = unique_name("cap");
-    let small = NodeOptions {
-        cpu: "2".into(),
-        memory: "4Gi".into(),
-        ..NodeOptions::default()
-    };
-    let nodes = create_nodes_with(&client, &prefix, 2, &small).await?;
+    let nodes = create_nodes_with(&client, &prefix, 2, &NodeOptions::sized("2", "4Gi")).await?;
     wait_nodes_ready(&client, &nodes, WAIT).await?;
     let ns = unique_name("capacity");
     create_namespace(&client, &ns).await?;
-    let pod = PodSpecOptions {
-        requests: BTreeMap::from([
-            ("cpu".to_string(), "1500m".to_string()),
-            ("memory".to_string(), "1Gi".to_string()),
-        ]),
-        ..PodSpecOptions::on_nodes_with_prefix(&prefix)
-    };
+    let pod = PodSpecOptions::on_nodes_with_prefix(&prefix).requesting("1500m", "1Gi");
     create_deployment(&client, &ns, "web", 2, &[("app", "web")], &pod).await?;
     let pods = wait_pods_ready(&client, &ns, "app=web", 2, WAIT).await?;
     let on_first: Vec<String> = pods
@@ -72,11 +46,7 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
         nodes[0]
     );
     let account = "capacity-operator";
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &ns, &nodes, account).await?;
     let op = Operator::start_as(&testbed, account, &[]).await?;
 
     let mut spec = request_spec(&nodes[0], REQUESTOR);
@@ -95,14 +65,14 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
     .await?;
     // More rounds admit nothing, and the node stays schedulable.
     wait_scheduler_rounds(&op, 3).await?;
-    let request = get_request(&client, &ns, "first")
-        .await?
-        .context("request gone")?;
-    ensure!(
-        request.phase() == Phase::Pending,
-        "admitted without room: {}",
-        describe(&request)
-    );
+    ensure_phase(
+        &client,
+        &ns,
+        "first",
+        Phase::Pending,
+        "admitted without room",
+    )
+    .await?;
     ensure!(
         !node_unschedulable(&client, &nodes[0]).await?,
         "{} was cordoned although its pods do not fit",
@@ -130,7 +100,7 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
     Api::<Node>::all(client.clone())
         .create(
             &PostParams::default(),
-            &node_object(&extra, &prefix, &small),
+            &node_object(&extra, &prefix, &NodeOptions::sized("2", "4Gi")),
         )
         .await
         .context("creating the extra node")?;
@@ -156,8 +126,7 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
         "pods left on the drained node: {}",
         left.len()
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 /// `checkCapacity` lists every pod of the cluster, and `preferDrainable` the pods of each Pending
@@ -169,40 +138,21 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
 #[tokio::test]
 async fn rounds_with_every_slot_taken_read_no_pods() -> Result<()> {
     const ROUNDS: u32 = 10;
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(
-        &client,
-        Some(MaintenanceOperatorConfigSpec {
-            max_parallel_operations: Some(IntOrString::Int(1)),
-            admission: Some(Admission {
-                check_capacity: Some(true),
-                prefer_drainable: Some(true),
-                ..Admission::default()
-            }),
-            ..MaintenanceOperatorConfigSpec::default()
-        }),
-    )
-    .await?;
-    let prefix = unique_name("capidle");
-    let nodes = create_nodes(&client, &prefix, 3, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("capidle");
-    create_namespace(&client, &ns).await?;
-    let pod = PodSpecOptions::on_nodes_with_prefix(&prefix);
+    let config = with_admission(1, |a| {
+        a.check_capacity = Some(true);
+        a.prefer_drainable = Some(true);
+    });
+    let (testbed, client, ns, nodes) = own_cluster("capidle", 3, Some(config)).await?;
+    let pod = PodSpecOptions::on_nodes_with_prefix("capidle");
     create_deployment(&client, &ns, "web", 3, &[("app", "web")], &pod).await?;
     wait_pods_ready(&client, &ns, "app=web", 3, WAIT).await?;
     // preferDrainable reads the pods of waiting nodes only when some budget exists.
     create_pdb_max_unavailable(&client, &ns, "web", &[("app", "web")], IntOrString::Int(1)).await?;
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &nodes).operator_user(service_account_user(BENCH_OPERATOR_ACCOUNT)),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &ns, &nodes, BENCH_OPERATOR_ACCOUNT).await?;
     let op = Operator::start_as(&testbed, BENCH_OPERATOR_ACCOUNT, &[]).await?;
 
     // The holder takes the only slot and keeps it (Ready until deleted); two drains wait.
-    create_request(&client, &ns, "holder", request_spec(&nodes[0], REQUESTOR)).await?;
+    request_node(&client, &ns, "holder", &nodes[0], REQUESTOR).await?;
     wait_phase(&client, &ns, "holder", Phase::Ready, WAIT).await?;
     for (name, node) in [("second", &nodes[1]), ("third", &nodes[2])] {
         let mut spec = request_spec(node, REQUESTOR);
@@ -215,7 +165,13 @@ async fn rounds_with_every_slot_taken_read_no_pods() -> Result<()> {
     // Each node change brings a round.
     for i in 0..ROUNDS {
         for node in &nodes {
-            add_node_label(&client, node, "capidle.example.com/touch", &i.to_string()).await?;
+            set_node_label(
+                &client,
+                node,
+                "capidle.example.com/touch",
+                Some(&i.to_string()),
+            )
+            .await?;
         }
     }
     wait_scheduler_rounds(&op, ROUNDS).await?;
@@ -238,8 +194,7 @@ async fn rounds_with_every_slot_taken_read_no_pods() -> Result<()> {
     );
 
     // A slot frees: the next request is admitted, through both checks.
-    delete_request(&client, &ns, "holder").await?;
-    wait_request_gone(&client, &ns, "holder", WAIT).await?;
+    release_request(&client, &ns, "holder", WAIT).await?;
     wait_for("the next request to be admitted", WAIT, || async {
         let admitted = list_requests(&client, &ns)
             .await?
@@ -257,6 +212,5 @@ async fn rounds_with_every_slot_taken_read_no_pods() -> Result<()> {
         "precondition: the round that admitted read no pods, so the checks were not on"
     );
     release_all_when_ready(&client, &ns, WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }

@@ -3,8 +3,6 @@
 //! completed), and kubectl itself (`kubectl __complete maintenance ...`, what the shell scripts
 //! of `kubectl completion` call) finding `kubectl_complete-maintenance` on PATH.
 
-mod support;
-
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
@@ -12,7 +10,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use support::chart::run;
-use support::operator::*;
 use support::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -44,7 +41,7 @@ async fn completion_offers_commands_flags_nodes_and_requests_from_the_cluster() 
     let nodes = create_nodes(&client, &prefix, 2, &[]).await?;
     let requestor = "completion-test.maintenance.nvidia.com";
     let request = format!("{requestor}-{}", nodes[0]);
-    create_request(&client, &ns, &request, request_spec(&nodes[0], requestor)).await?;
+    request_node(&client, &ns, &request, &nodes[0], requestor).await?;
     let kubeconfig = testbed.kubeconfig_path();
 
     let out = completion(kubeconfig, &[""])?;

@@ -8,22 +8,15 @@
 //! Eviction calls are counted and timed from the API server's audit log (`support::audit`), not
 //! from the operator's own account.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{
-    Container, Node, Pod, PodReadinessGate, PodSpec, PodTemplateSpec, ResourceRequirements,
-    TopologySpreadConstraint,
-};
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod, PodReadinessGate, PodSpec, ResourceRequirements};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -42,33 +35,8 @@ const POOL: &str = "drain-test.example.com/pool";
 /// Readiness gate of the rollout test: the test plays the component that sets it.
 const READINESS_GATE: &str = "example.com/ready";
 
-async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String>)> {
-    isolated_setup(prefix, count, WAIT).await
-}
-
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-async fn set_node_label(client: &Client, node: &str, key: &str, value: Option<&str>) -> Result<()> {
-    Api::<Node>::all(client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {key: value}}})),
-        )
-        .await
-        .with_context(|| format!("labelling node {node}"))?;
-    Ok(())
-}
-
-/// Pods of `ns` on `node`, terminating ones included.
-async fn pods_on_node(client: &Client, ns: &str, node: &str) -> Result<Vec<Pod>> {
-    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    Ok(Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&lp)
-        .await?
-        .items)
-}
 
 fn uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
@@ -83,50 +51,16 @@ fn deployment(
     pool: &str,
     customize: impl FnOnce(&mut PodSpec),
 ) -> Deployment {
-    let labels = BTreeMap::from([("app".to_string(), name.to_string())]);
-    let mut spec = PodSpec {
-        node_selector: Some(BTreeMap::from([(POOL.to_string(), pool.to_string())])),
-        termination_grace_period_seconds: Some(DEFAULT_GRACE_SECONDS),
-        containers: vec![Container {
-            name: "main".into(),
-            image: Some(PAUSE_IMAGE.into()),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    customize(&mut spec);
-    Deployment {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(ns.to_string()),
-            labels: Some(labels.clone()),
-            ..Default::default()
-        },
-        spec: DeploymentSpec {
-            replicas: Some(replicas),
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(spec),
-            },
-            ..Default::default()
-        },
-        ..Default::default()
+    let on_pool = PodSpecOptions::on_nodes_labelled(POOL, pool);
+    let mut deployment = deployment_object(ns, name, replicas, &[("app", name)], &on_pool);
+    if let Some(spec) = deployment.spec.template.spec.as_mut() {
+        customize(spec);
     }
+    deployment
 }
 
 async fn create(client: &Client, deployment: &Deployment) -> Result<()> {
-    let ns = deployment.metadata.namespace.as_deref().unwrap_or_default();
-    Api::<Deployment>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), deployment)
-        .await
-        .with_context(|| format!("creating deployment {ns}/{}", deployment.name_any()))?;
+    create_object(client, deployment).await?;
     Ok(())
 }
 
@@ -166,14 +100,13 @@ async fn patch_drain_spec(
     name: &str,
     drain: serde_json::Value,
 ) -> Result<()> {
-    Api::<NodeMaintenance>::namespaced(client.clone(), ns)
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"drainSpec": drain}})),
-        )
-        .await
-        .with_context(|| format!("patching the drainSpec of {ns}/{name}"))?;
+    patch_request(
+        client,
+        ns,
+        name,
+        serde_json::json!({"spec": {"drainSpec": drain}}),
+    )
+    .await?;
     Ok(())
 }
 
@@ -205,11 +138,6 @@ fn assert_drain_counts(d: &DrainStatus, total_pods: i32, eviction_pods: i32) {
         (total_pods, eviction_pods, 100),
         "status.drain (totalPods, evictionPods, drainProgress): {d:?}"
     );
-}
-
-/// The events of a request, oldest first.
-async fn events_of(client: &Client, ns: &str, request: &str) -> Result<Vec<Event>> {
-    events_about(client, ns, request).await
 }
 
 /// The value of the sample of metric `name` whose labels include all of `labels`.
@@ -272,8 +200,7 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
 /// when the other replica becomes Ready, without anyone touching the request.
 #[tokio::test]
 async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() -> Result<()> {
-    let (client, ns, nodes) = setup("rollout", 3).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("rollout", 3).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     let web = deployment(&ns, "web", 1, &ns, |spec| {
@@ -303,7 +230,7 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
         .name_any();
     // The rollout is in progress: the new replica is not Ready yet.
     set_pod_ready(&client, &ns, &rolling, false).await?;
-    create_pdb_min_available(&client, &ns, "web", &[("app", "web")], IntOrString::Int(1)).await?;
+    create_app_pdb(&client, &ns, "web", 1).await?;
     wait_pdb_disruptions_allowed(&client, &ns, "web", 0, WAIT).await?;
 
     let mut spec = request_spec(target, "rollout.example.com");
@@ -420,10 +347,8 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
         seconds_between(unblocked, accepted[0].received)
     );
     wait_pods_ready(&client, &ns, "app=web", 2, WAIT).await?;
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "maint", WAIT).await?;
+    monitor.held().await
 }
 
 /// One replica behind `minAvailable: 1` cannot move: at the timeout the request says so
@@ -431,21 +356,13 @@ async fn a_rollout_in_progress_holds_the_drain_until_the_new_replica_is_ready() 
 /// unblock it.
 #[tokio::test]
 async fn a_single_replica_times_out_naming_the_pdb_then_recovers_when_scaled() -> Result<()> {
-    let (client, ns, nodes) = setup("solo", 2).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("solo", 2).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create(&client, &deployment(&ns, "solo", 1, &ns, |_| {})).await?;
     let pod = wait_pods_ready(&client, &ns, "app=solo", 1, WAIT).await?[0].clone();
     set_node_label(&client, &nodes[1], POOL, Some(&ns)).await?;
-    create_pdb_min_available(
-        &client,
-        &ns,
-        "solo",
-        &[("app", "solo")],
-        IntOrString::Int(1),
-    )
-    .await?;
+    create_app_pdb(&client, &ns, "solo", 1).await?;
     wait_pdb_disruptions_allowed(&client, &ns, "solo", 0, WAIT).await?;
 
     let mut spec = request_spec(target, "solo.example.com");
@@ -481,7 +398,7 @@ async fn a_single_replica_times_out_naming_the_pdb_then_recovers_when_scaled() -
         .await?;
     assert!(still.metadata.deletion_timestamp.is_none());
     let warning = wait_for("a Warning event DrainTimeout", WAIT, || async {
-        Ok(events_of(&client, &ns, "maint")
+        Ok(events_about(&client, &ns, "maint")
             .await?
             .into_iter()
             .find(|e| {
@@ -509,18 +426,15 @@ async fn a_single_replica_times_out_naming_the_pdb_then_recovers_when_scaled() -
         ready.status
     );
     wait_pod_gone(&client, &ns, &pod.name_any(), Some(&uid(&pod)), WAIT).await?;
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "maint", WAIT).await?;
+    monitor.held().await
 }
 
 /// Two PDBs select the pod: the API server answers 500, which the operator retries and reports;
 /// removing one PDB lets the drain finish.
 #[tokio::test]
 async fn a_pod_under_two_pdbs_is_retried_and_reported_until_one_goes() -> Result<()> {
-    let (client, ns, nodes) = setup("twopdb", 2).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("twopdb", 2).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create(&client, &deployment(&ns, "api", 1, &ns, |_| {})).await?;
@@ -583,10 +497,8 @@ async fn a_pod_under_two_pdbs_is_retried_and_reported_until_one_goes() -> Result
         .collect();
     assert_eq!(codes.last(), Some(&201), "codes: {codes:?}");
     assert_eq!(codes.iter().filter(|c| **c == 201).count(), 1);
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "maint", WAIT).await?;
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -599,8 +511,7 @@ async fn a_pod_under_two_pdbs_is_retried_and_reported_until_one_goes() -> Result
 #[tokio::test]
 async fn selection_skips_daemonset_and_mirror_pods_and_waits_for_force_and_delete_empty_dir()
 -> Result<()> {
-    let (client, ns, nodes) = setup("select", 2).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("select", 2).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create_daemonset(
@@ -881,18 +792,15 @@ async fn selection_skips_daemonset_and_mirror_pods_and_waits_for_force_and_delet
     Api::<Pod>::namespaced(client.clone(), OPERATOR_NAMESPACE)
         .delete(&operator_pod, &Default::default())
         .await?;
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "maint", WAIT).await?;
+    monitor.held().await
 }
 
 /// A pod already terminating (here held by a finalizer) is not evicted again: the drain waits for
 /// it, says so in the status, and finishes once it is gone.
 #[tokio::test]
 async fn a_terminating_pod_is_waited_for_and_not_evicted() -> Result<()> {
-    let (client, ns, nodes) = setup("terminating", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("terminating", 1).await?;
     let target = &nodes[0];
     let held = BarePodOptions {
         labels: BTreeMap::from([("role".to_string(), "held".to_string())]),
@@ -943,10 +851,8 @@ async fn a_terminating_pod_is_waited_for_and_not_evicted() -> Result<()> {
         audit.evictions_of(&ns, "held").is_empty(),
         "a terminating pod is not evicted again"
     );
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "maint", WAIT).await?;
+    monitor.held().await
 }
 
 /// `status.drain` after a drain counts every pod it removed, also pods that were evicted and gone
@@ -954,8 +860,7 @@ async fn a_terminating_pod_is_waited_for_and_not_evicted() -> Result<()> {
 /// `terminationGracePeriodSeconds: 0` are gone within milliseconds of their eviction.
 #[tokio::test]
 async fn drain_status_counts_pods_gone_before_the_first_status_write() -> Result<()> {
-    let (client, ns, nodes) = setup("counts", 2).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("counts", 2).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create_daemonset(
@@ -994,17 +899,14 @@ async fn drain_status_counts_pods_gone_before_the_first_status_write() -> Result
     assert_eq!(audit.eviction_codes(), BTreeMap::from([(201, 3)]));
     // Four pods on the node when the drain started, three of them removed by it.
     assert_drain_counts(&drain(&ready), 4, 3);
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "maint", WAIT).await?;
+    monitor.held().await
 }
 
 /// `podSelector` narrows the drain: only the selected pods leave the node.
 #[tokio::test]
 async fn pod_selector_evicts_only_the_selected_pods() -> Result<()> {
-    let (client, ns, nodes) = setup("podsel", 2).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("podsel", 2).await?;
     let target = &nodes[0];
     set_node_label(&client, target, POOL, Some(&ns)).await?;
     create(&client, &deployment(&ns, "batch", 2, &ns, |_| {})).await?;
@@ -1037,10 +939,8 @@ async fn pod_selector_evicts_only_the_selected_pods() -> Result<()> {
     for pod in &web {
         assert!(audit.evictions_of(&ns, &pod.name_any()).is_empty());
     }
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "maint", WAIT).await?;
+    monitor.held().await
 }
 
 /// `podEvictionFilters` (OR-ed): only pods requesting a resource whose name matches leave.
@@ -1124,10 +1024,8 @@ async fn pod_eviction_filters_evict_only_pods_requesting_a_matching_resource() -
     for pod in &frontend {
         assert!(audit.evictions_of(&ns, &pod.name_any()).is_empty());
     }
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "maint", WAIT).await?;
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1142,16 +1040,11 @@ async fn the_eviction_rate_limit_holds_across_nodes() -> Result<()> {
     const PER_SECOND: i32 = 5;
     const BURST: i32 = 1;
     const PODS_PER_NODE: i32 = 20;
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(
-        &client,
-        Some(MaintenanceOperatorConfigSpec {
-            evictions_per_second: Some(PER_SECOND),
-            eviction_burst: Some(BURST),
-            ..limits(10, None)
-        }),
-    )
+    let (testbed, client) = own_testbed(Some(MaintenanceOperatorConfigSpec {
+        evictions_per_second: Some(PER_SECOND),
+        eviction_burst: Some(BURST),
+        ..limits(10, None)
+    }))
     .await?;
     let nodes = create_nodes(&client, "rate", 3, &[]).await?;
     wait_nodes_ready(&client, &nodes, WAIT).await?;
@@ -1164,7 +1057,7 @@ async fn the_eviction_rate_limit_holds_across_nodes() -> Result<()> {
     create(
         &client,
         &deployment(&ns, "flood", 2 * PODS_PER_NODE, &ns, |spec| {
-            spec.topology_spread_constraints = Some(vec![one_per_node_spread("flood")]);
+            spec.topology_spread_constraints = Some(vec![one_per_node("flood")]);
         }),
     )
     .await?;
@@ -1186,11 +1079,7 @@ async fn the_eviction_rate_limit_holds_across_nodes() -> Result<()> {
     set_node_label(&client, spare, POOL, Some(&ns)).await?;
 
     let account = "rate-operator";
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &ns, &nodes, account).await?;
     let operator = Operator::start_as(&testbed, account, &[]).await?;
     for (i, node) in drained.iter().enumerate() {
         let mut spec = request_spec(node, "rate.example.com");
@@ -1270,40 +1159,11 @@ async fn the_eviction_rate_limit_holds_across_nodes() -> Result<()> {
         Some(pods.len() as f64),
         "the operator counts what the API server saw"
     );
-    monitor.finish().await?;
-    Ok(())
-}
-
-/// Spread the pods of `app` one per node (among the nodes their nodeSelector allows).
-fn one_per_node_spread(app: &str) -> TopologySpreadConstraint {
-    TopologySpreadConstraint {
-        max_skew: 1,
-        topology_key: "kubernetes.io/hostname".into(),
-        when_unsatisfiable: "DoNotSchedule".into(),
-        label_selector: Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    monitor.held().await
 }
 
 // ---------------------------------------------------------------------------------------------
 // Many nodes at once, under watch
-
-fn env_size(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => {
-            let n: usize = v
-                .trim()
-                .parse()
-                .with_context(|| format!("{name}={v:?} is not a number"))?;
-            ensure!(n > 0, "{name} must be positive");
-            Ok(n)
-        }
-        _ => Ok(default),
-    }
-}
 
 /// `MO_DRAIN_SCALE_NODES` nodes (default 20) of `MO_DRAIN_SCALE_PODS` pods each (default 30)
 /// drained in parallel under `maxUnavailable` = half of them, with 1.5 times as many spare nodes
@@ -1319,8 +1179,13 @@ fn env_size(name: &str, default: usize) -> Result<usize> {
 /// eviction call for it.
 #[tokio::test]
 async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Result<()> {
-    let drained_count = env_size("MO_DRAIN_SCALE_NODES", 20)?;
-    let pods_per_node = env_size("MO_DRAIN_SCALE_PODS", 30)?;
+    let _turn = large_scenario_turn().await;
+    let drained_count = env_usize("MO_DRAIN_SCALE_NODES", 20)?;
+    let pods_per_node = env_usize("MO_DRAIN_SCALE_PODS", 30)?;
+    ensure!(
+        drained_count > 0 && pods_per_node > 0,
+        "MO_DRAIN_SCALE_NODES and MO_DRAIN_SCALE_PODS must be positive"
+    );
     let spare_count = drained_count.div_ceil(2) * 3;
     let max_unavailable = drained_count.div_ceil(2);
     let replicas = i32::try_from(drained_count)?;
@@ -1331,13 +1196,8 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
          maxParallelOperations {drained_count}, maxUnavailable {max_unavailable}"
     );
 
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(
-        &client,
-        Some(limits(replicas, i32::try_from(max_unavailable)?)),
-    )
-    .await?;
+    let (testbed, client) =
+        own_testbed(Some(limits(replicas, i32::try_from(max_unavailable)?))).await?;
     let drained = create_nodes(&client, "drain", drained_count, &[]).await?;
     let spares = create_nodes(&client, "spare", spare_count, &[]).await?;
     wait_nodes_ready(&client, &drained, setup_wait).await?;
@@ -1354,7 +1214,7 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
         create(
             &client,
             &deployment(&ns, app, replicas, &ns, |spec| {
-                spec.topology_spread_constraints = Some(vec![one_per_node_spread(app)]);
+                spec.topology_spread_constraints = Some(vec![one_per_node(app)]);
             }),
         )
         .await?;
@@ -1430,11 +1290,7 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
 
     // The monitor has its initial lists before the first request exists.
     let account = "scale-operator";
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &drained).operator_user(service_account_user(account)),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &ns, &drained, account).await?;
     let operator = Operator::start_as(&testbed, account, &[]).await?;
 
     let started = Instant::now();
@@ -1691,14 +1547,9 @@ const OTHER_CONNECTIONS: usize = 2;
 /// shared operator would count other tests' calls.
 #[tokio::test]
 async fn pod_watches_of_many_nodes_share_one_connection() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
     let max = i32::try_from(WATCHING_NODES)?;
-    install(&client, Some(limits(max, max))).await?;
-    let nodes = create_nodes(&client, &unique_name("watch"), WATCHING_NODES, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("watch");
-    create_namespace(&client, &ns).await?;
+    let (testbed, client, ns, nodes) =
+        own_cluster("watch", WATCHING_NODES, Some(limits(max, max))).await?;
     let opts = BarePodOptions {
         labels: BTreeMap::from([("app".to_string(), "job".to_string())]),
         ..BarePodOptions::default()

@@ -3,8 +3,6 @@
 //! `MO_BENCH_RUNS` (latency samples, default 5), `MO_BENCH_NODES` and `MO_BENCH_REQUESTS`
 //! (throughput run, default 50 and 50), `MO_BENCH_PARALLEL` (maxParallelOperations, default 25).
 
-mod support;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -19,13 +17,6 @@ use support::*;
 use tokio::sync::mpsc;
 
 const WAIT: Duration = Duration::from_secs(300);
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -87,56 +78,37 @@ async fn wait_event(
 /// slot takes to be reused (delete a Ready request -> the next Pending one Scheduled).
 #[tokio::test]
 async fn latency_create_to_ready_and_slot_reuse() -> Result<()> {
-    let runs = env_usize("MO_BENCH_RUNS", 5);
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(1, None))).await?;
-    let nodes = create_nodes(&client, "lat", runs + 1, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("lat");
-    create_namespace(&client, &ns).await?;
+    let _turn = large_scenario_turn().await;
+    let runs = env_usize("MO_BENCH_RUNS", 5)?;
+    let (testbed, client, ns, nodes) = own_cluster("lat", runs + 1, Some(limits(1, None))).await?;
     let _op = Operator::start(&testbed, &[]).await?;
     let mut events = phase_events(client.clone(), &ns);
 
     // Warm-up, not measured: the first write of a custom resource after its CRD was installed
     // includes the API server setting up that resource's storage.
-    create_request(
-        &client,
-        &ns,
-        "warm-up",
-        request_spec(&nodes[runs], "lat.example.com"),
-    )
-    .await?;
+    request_node(&client, &ns, "warm-up", &nodes[runs], "lat.example.com").await?;
     wait_event(&mut events, "warm-up", Phase::Ready).await?;
-    delete_request(&client, &ns, "warm-up").await?;
-    wait_request_gone(&client, &ns, "warm-up", WAIT).await?;
+    release_request(&client, &ns, "warm-up", WAIT).await?;
 
     let mut to_ready = Vec::new();
     for (i, node) in nodes.iter().take(runs).enumerate() {
         let name = format!("solo-{i}");
         let started = Instant::now();
-        create_request(&client, &ns, &name, request_spec(node, "lat.example.com")).await?;
+        request_node(&client, &ns, &name, node, "lat.example.com").await?;
         let ready = wait_event(&mut events, &name, Phase::Ready).await?;
         to_ready.push((ready - started).as_secs_f64() * 1000.0);
-        delete_request(&client, &ns, &name).await?;
-        wait_request_gone(&client, &ns, &name, WAIT).await?;
+        release_request(&client, &ns, &name, WAIT).await?;
     }
 
     // Slot reuse: one Ready request holds the only slot, the next waits.
     let mut reuse = Vec::new();
     let mut holder = "hold-0".to_string();
-    create_request(
-        &client,
-        &ns,
-        &holder,
-        request_spec(&nodes[0], "lat.example.com"),
-    )
-    .await?;
+    request_node(&client, &ns, &holder, &nodes[0], "lat.example.com").await?;
     wait_event(&mut events, &holder, Phase::Ready).await?;
     for i in 1..=runs {
         let next = format!("hold-{i}");
         let node = &nodes[i % nodes.len()];
-        create_request(&client, &ns, &next, request_spec(node, "lat.example.com")).await?;
+        request_node(&client, &ns, &next, node, "lat.example.com").await?;
         wait_event(&mut events, &next, Phase::Pending).await?;
         let released = Instant::now();
         delete_request(&client, &ns, &holder).await?;
@@ -164,20 +136,12 @@ async fn latency_create_to_ready_and_slot_reuse() -> Result<()> {
 /// Many requests at once (no drain): time until all are Ready, and the scheduler's cost.
 #[tokio::test]
 async fn throughput_many_requests_at_once() -> Result<()> {
-    let node_count = env_usize("MO_BENCH_NODES", 50);
-    let request_count = env_usize("MO_BENCH_REQUESTS", 50).min(node_count);
-    let parallel = env_usize("MO_BENCH_PARALLEL", 25);
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(
-        &client,
-        Some(limits(i32::try_from(parallel).unwrap_or(i32::MAX), None)),
-    )
-    .await?;
-    let nodes = create_nodes(&client, "tp", node_count, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("tp");
-    create_namespace(&client, &ns).await?;
+    let _turn = large_scenario_turn().await;
+    let node_count = env_usize("MO_BENCH_NODES", 50)?;
+    let request_count = env_usize("MO_BENCH_REQUESTS", 50)?.min(node_count);
+    let parallel = env_usize("MO_BENCH_PARALLEL", 25)?;
+    let config = limits(i32::try_from(parallel).unwrap_or(i32::MAX), None);
+    let (testbed, client, ns, nodes) = own_cluster("tp", node_count, Some(config)).await?;
     let op = Operator::start(&testbed, &[]).await?;
 
     let started = Instant::now();
@@ -186,12 +150,7 @@ async fn throughput_many_requests_at_once() -> Result<()> {
             let client = client.clone();
             let ns = ns.clone();
             async move {
-                create_request(
-                    &client,
-                    &ns,
-                    &format!("r{i}"),
-                    request_spec(node, "tp.example.com"),
-                )
+                request_node(&client, &ns, &format!("r{i}"), node, "tp.example.com")
                 .await
             }
         })

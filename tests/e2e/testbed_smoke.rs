@@ -1,8 +1,6 @@
 //! The testbed is a real control plane: nodes become Ready, controllers and the scheduler act,
 //! the API server enforces PodDisruptionBudgets and CRD schemas.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -217,26 +215,6 @@ async fn daemonset_covers_every_selected_node() -> Result<()> {
     Ok(())
 }
 
-fn nodemaintenance_resource() -> ApiResource {
-    ApiResource {
-        group: "maintenance.nvidia.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "maintenance.nvidia.com/v1alpha1".into(),
-        kind: "NodeMaintenance".into(),
-        plural: "nodemaintenances".into(),
-    }
-}
-
-fn config_resource() -> ApiResource {
-    ApiResource {
-        group: "maintenance.nvidia.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "maintenance.nvidia.com/v1alpha1".into(),
-        kind: "MaintenanceOperatorConfig".into(),
-        plural: "maintenanceoperatorconfigs".into(),
-    }
-}
-
 fn object(resource: &ApiResource, name: &str, spec: serde_json::Value) -> DynamicObject {
     let mut obj = DynamicObject::new(name, resource);
     obj.metadata = ObjectMeta {
@@ -255,7 +233,7 @@ async fn crds_apply_and_the_schema_is_enforced() -> Result<()> {
     let ns = unique_name("crd");
     create_namespace(&client, &ns).await?;
 
-    let nm = nodemaintenance_resource();
+    let nm = request_resource();
     let nms: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &nm);
     let valid = object(
         &nm,

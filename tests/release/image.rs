@@ -8,8 +8,6 @@
 //! mounts it: a whole maintenance goes through. A missing tool fails the test with how to
 //! install it.
 
-mod support;
-
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -155,7 +153,7 @@ fn has_interpreter(elf: &[u8]) -> Result<bool> {
 }
 
 /// The image the chart deploys by default (from the checked-in rendering of the chart, which
-/// tests/helm_chart.rs keeps equal to `helm template`).
+/// tests/release/helm_chart.rs keeps equal to `helm template`).
 fn chart_image() -> Result<String> {
     let docs = parse_docs(&read(&manifests_path())?)?;
     let deployment = docs
@@ -387,20 +385,10 @@ async fn operator_from_the_image_runs_a_maintenance_with_the_chart_rbac() -> Res
          root (as CI does)"
     );
     let image = unpack()?;
-    let testbed = Testbed::shared().await?;
-    let client = testbed.client().await?;
-    let dir = tempfile::tempdir()?;
-    install_manifests(testbed, dir.path())?;
-
+    let chart = ChartOnTestbed::install().await?;
+    let (testbed, client, dir) = (chart.testbed, &chart.client, &chart.dir);
     // A token of the chart's ServiceAccount, as the kubelet would mount it.
-    let kubeconfig = dir.path().join("chart-sa.kubeconfig");
-    service_account_kubeconfig(
-        testbed,
-        OPERATOR_NAMESPACE,
-        "maintenance-operator",
-        &kubeconfig,
-    )
-    .await?;
+    let kubeconfig = chart.service_account_kubeconfig().await?;
     let written: Value = serde_norway::from_str(&read(&kubeconfig)?)?;
     let token = written["users"][0]["user"]["token"]
         .as_str()
@@ -416,7 +404,7 @@ async fn operator_from_the_image_runs_a_maintenance_with_the_chart_rbac() -> Res
     )
     .await?;
 
-    let result = maintenance(&client).await;
+    let result = maintenance(client).await;
     if result.is_err() {
         eprintln!(
             "operator log:\n{}",
@@ -446,8 +434,7 @@ async fn maintenance(client: &kube::Client) -> Result<()> {
         left.items.len()
     );
 
-    delete_request(client, &ns, "from-image").await?;
-    wait_request_gone(client, &ns, "from-image", MINUTE).await?;
+    release_request(client, &ns, "from-image", MINUTE).await?;
     wait_for(&format!("{node} to be uncordoned"), MINUTE, || async {
         Ok((!node_unschedulable(client, &node).await?).then_some(()))
     })

@@ -11,8 +11,6 @@
 //!
 //! `make soak` runs the long variant: 200 nodes, 100 kills, 10 failovers.
 
-mod support;
-
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,7 +27,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use maintenance_crds::{ADMITTED_TIME_ANNOTATION, NodeMaintenance, Phase};
 use support::audit::{AuditLog, WriteCall};
-use support::invariants::{InvariantMonitor, MonitorReport, Scope};
+use support::invariants::{MonitorReport, monitor_as};
 use support::operator::*;
 use support::*;
 
@@ -45,25 +43,9 @@ const LEASE_SECONDS: &str = "4";
 // ---------------------------------------------------------------------------------------------
 // Settings and randomness
 
-fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .with_context(|| format!("{name}={v:?} is not a number")),
-        _ => Ok(default),
-    }
-}
-
 /// The seed of this run: `MO_CHAOS_SEED`, else drawn from the clock.
 fn seed() -> Result<u64> {
-    match std::env::var("MO_CHAOS_SEED") {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .with_context(|| format!("MO_CHAOS_SEED={v:?} is not a number")),
-        _ => Ok(Timestamp::now().as_nanosecond() as u64),
-    }
+    Ok(env_number("MO_CHAOS_SEED")?.unwrap_or(Timestamp::now().as_nanosecond() as u64))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -76,11 +58,18 @@ struct Fleet {
     run: String,
     /// `(deployment, replicas)` per pool; its budget has the same name.
     apps: Vec<(String, usize)>,
+    /// maxParallelOperations and maxUnavailable of the config.
+    limits: (usize, usize),
 }
 
 /// `count` Ready nodes in pools of [`POOL_SIZE`], each pool with a Deployment of one pod per node
 /// and a budget that allows one disruption at a time (the three kinds of the scale tests).
-async fn fleet(client: &Client, prefix: &str, count: usize) -> Result<Fleet> {
+async fn fleet(
+    client: &Client,
+    prefix: &str,
+    count: usize,
+    limits: (usize, usize),
+) -> Result<Fleet> {
     ensure!(
         count >= 2,
         "a rollout needs at least 2 nodes, asked for {count}"
@@ -124,6 +113,7 @@ async fn fleet(client: &Client, prefix: &str, count: usize) -> Result<Fleet> {
         nodes,
         run,
         apps,
+        limits,
     })
 }
 
@@ -377,10 +367,10 @@ async fn check_outcome(
     client: &Client,
     fleet: &Fleet,
     watch: &Watch,
-    (max_parallel, max_unavailable): (usize, usize),
     rollout_start: Timestamp,
     operator_users: &[String],
 ) -> Result<()> {
+    let (max_parallel, max_unavailable) = fleet.limits;
     let left = remaining_requests(client, &fleet.ns).await?;
     ensure!(
         left.is_empty(),
@@ -489,6 +479,7 @@ enum KillMoment {
 
 #[tokio::test]
 async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
+    let _turn = large_scenario_turn().await;
     let node_count = env_usize("MO_CHAOS_NODES", 40)?;
     let kill_count = env_usize("MO_CHAOS_KILLS", 12)?;
     let seed = seed()?;
@@ -501,21 +492,18 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
     let max_unavailable = max_parallel;
 
     let test_start = Instant::now();
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(
+    let (testbed, client) =
+        own_testbed(Some(limits(max_parallel as i32, max_unavailable as i32))).await?;
+    let fleet = fleet(
         &client,
-        Some(limits(max_parallel as i32, max_unavailable as i32)),
+        "crash",
+        node_count,
+        (max_parallel, max_unavailable),
     )
     .await?;
-    let fleet = fleet(&client, "crash", node_count).await?;
     let watch = Watch::start(&client, &fleet);
     let operator_user = service_account_user("chaos-operator");
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&fleet.ns, &fleet.nodes).operator_user(operator_user.clone()),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &fleet.ns, &fleet.nodes, "chaos-operator").await?;
     let mut operator = Operator::start_as(&testbed, "chaos-operator", &[]).await?;
     println!(
         "setup {:.1}s; rollout of {node_count} nodes, maxParallelOperations={max_parallel}, \
@@ -644,16 +632,8 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
         started.elapsed().as_secs_f64(),
         test_start.elapsed().as_secs_f64()
     );
-    let checked = check_outcome(
-        &testbed,
-        &client,
-        &fleet,
-        &watch,
-        (max_parallel, max_unavailable),
-        rollout_start,
-        &[operator_user],
-    )
-    .await;
+    let users = [operator_user];
+    let checked = check_outcome(&testbed, &client, &fleet, &watch, rollout_start, &users).await;
     watch.stop();
     verdict(checked, monitor.finish().await)
         .with_context(|| format!("seed {seed}, operator log {}", operator.log.display()))
@@ -661,16 +641,6 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------
 // Leader failovers
-
-async fn wait_leader(client: &Client, name: &str) -> Result<()> {
-    wait_for(&format!("{name} to hold the Lease"), WAIT, || async {
-        Ok(lease_holder(client, OPERATOR_NAMESPACE, OUR_LEASE)
-            .await?
-            .filter(|h| h == name)
-            .map(|_| ()))
-    })
-    .await
-}
 
 /// The writes of the replicas (by user) must come in turns: whenever another replica starts
 /// writing, the one that wrote before had been killed by then. Returns the turns, in order.
@@ -710,38 +680,29 @@ fn leadership_turns(
 
 #[tokio::test]
 async fn leader_failovers_during_a_rollout() -> Result<()> {
+    let _turn = large_scenario_turn().await;
     let failovers = env_usize("MO_CHAOS_FAILOVERS", 3)?;
     let node_count = 6 * (failovers + 1);
     let (max_parallel, max_unavailable) = (3, 3);
     let test_start = Instant::now();
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(
+    let (testbed, client) =
+        own_testbed(Some(limits(max_parallel as i32, max_unavailable as i32))).await?;
+    let fleet = fleet(
         &client,
-        Some(limits(max_parallel as i32, max_unavailable as i32)),
+        "failover",
+        node_count,
+        (max_parallel, max_unavailable),
     )
     .await?;
-    let fleet = fleet(&client, "failover", node_count).await?;
     let watch = Watch::start(&client, &fleet);
     // The monitor's audit check follows one identity; the checks below cover both.
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&fleet.ns, &fleet.nodes).operator_user(service_account_user("replica-a")),
-    )
-    .await?;
-    let args = |name: &'static str| {
-        [
-            "--leader-elect",
-            "--lease-duration-seconds",
-            LEASE_SECONDS,
-            "--pod-name",
-            name,
-        ]
-    };
+    let monitor = monitor_as(&testbed, &fleet.ns, &fleet.nodes, "replica-a").await?;
     let names = ["replica-a", "replica-b"];
-    let first = Operator::start_as(&testbed, names[0], &args(names[0])).await?;
-    wait_leader(&client, names[0]).await?;
-    let second = Operator::start_as(&testbed, names[1], &args(names[1])).await?;
+    let first =
+        Operator::start_as(&testbed, names[0], &replica_args(names[0], LEASE_SECONDS)).await?;
+    wait_holder(&client, names[0], WAIT).await?;
+    let second =
+        Operator::start_as(&testbed, names[1], &replica_args(names[1], LEASE_SECONDS)).await?;
     let mut replicas = [first, second];
     println!(
         "failovers: {failovers} during a rollout of {node_count} nodes; setup {:.1}s",
@@ -778,7 +739,7 @@ async fn leader_failovers_during_a_rollout() -> Result<()> {
             kills.push((service_account_user(names[leader]), Timestamp::now()));
             let standby = 1 - leader;
             let killed = Instant::now();
-            wait_leader(&client, names[standby]).await?;
+            wait_holder(&client, names[standby], WAIT).await?;
             println!(
                 "failover {}: {} took over {:.1}s after {} was killed",
                 round + 1,
@@ -838,16 +799,7 @@ async fn leader_failovers_during_a_rollout() -> Result<()> {
         "{} turns of writes for {failovers} failovers: {turns:?}",
         turns.len()
     );
-    let checked = check_outcome(
-        &testbed,
-        &client,
-        &fleet,
-        &watch,
-        (max_parallel, max_unavailable),
-        rollout_start,
-        &users,
-    )
-    .await;
+    let checked = check_outcome(&testbed, &client, &fleet, &watch, rollout_start, &users).await;
     watch.stop();
     verdict(checked, monitor.finish().await)
 }

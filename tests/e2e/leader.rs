@@ -6,8 +6,6 @@
 //! standby judges only how long it has seen the record unchanged, as client-go does).
 //! Plus the product's troubleshooting command, run verbatim with kubectl.
 
-mod support;
-
 use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -22,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use maintenance_crds::Phase;
-use support::audit::{AuditLog, WriteCall, seconds_between};
+use support::audit::{AuditLog, WriteCall, describe_writes, seconds_between};
 use support::invariants::*;
 use support::operator::*;
 use support::*;
@@ -129,43 +127,35 @@ fn wrote(writes: &[&WriteCall], resource: &str) -> bool {
         .any(|w| w.resource == resource && (200..300).contains(&w.code))
 }
 
-fn describe_writes(writes: &[&WriteCall]) -> String {
-    if writes.is_empty() {
-        return "none".into();
-    }
-    let shown: Vec<String> = writes.iter().take(20).map(|w| w.describe()).collect();
-    format!("{} writes:\n{}", writes.len(), shown.join("\n"))
+/// `who` wrote its Lease and requests, as the audit log shows: the testbed's policy logs the
+/// operator's writes.
+fn ensure_logged(writes: &[&WriteCall], who: &str) -> Result<()> {
+    ensure!(
+        wrote(writes, "leases") && wrote(writes, "nodemaintenances"),
+        "the audit log holds no Lease and NodeMaintenance writes of {who}: is \
+         tests/testbed/audit-policy.yaml logging the operator's writes? Its writes: {}",
+        describe_writes(writes)
+    );
+    Ok(())
+}
+
+/// None of `writes` came before `t`; `what` says what one would mean.
+fn ensure_none_before(writes: &[&WriteCall], t: Timestamp, what: &str) -> Result<()> {
+    let early: Vec<&WriteCall> = writes.iter().copied().filter(|w| w.received < t).collect();
+    ensure!(early.is_empty(), "{what}: {}", describe_writes(&early));
+    Ok(())
 }
 
 #[tokio::test]
 async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(2, None))).await?;
-    let nodes = create_nodes(&client, "le", 6, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("leader");
-    create_namespace(&client, &ns).await?;
+    let (testbed, client, ns, nodes) = own_cluster("leader", 6, Some(limits(2, None))).await?;
     let lease = LEASE_SECONDS.to_string();
-    let args = |name: &'static str| {
-        [
-            "--leader-elect",
-            "--lease-duration-seconds",
-            lease.as_str(),
-            "--pod-name",
-            name,
-        ]
-    };
     // Each replica runs as a ServiceAccount of its own, so the audit log names who wrote what.
-    let mut first = Operator::start_as(&testbed, "replica-a", &args("replica-a")).await?;
-    wait_for("replica-a to lead", WAIT, || async {
-        Ok(lease_holder(&client, OPERATOR_NAMESPACE, OUR_LEASE)
-            .await?
-            .filter(|h| h == "replica-a")
-            .map(|_| ()))
-    })
-    .await?;
-    let second = Operator::start_as(&testbed, "replica-b", &args("replica-b")).await?;
+    let mut first =
+        Operator::start_as(&testbed, "replica-a", &replica_args("replica-a", &lease)).await?;
+    wait_holder(&client, "replica-a", WAIT).await?;
+    let second =
+        Operator::start_as(&testbed, "replica-b", &replica_args("replica-b", &lease)).await?;
     assert_eq!(second.metric("maintenance_operator_leader").await?, 0.0);
     assert_eq!(first.metric("maintenance_operator_leader").await?, 1.0);
 
@@ -173,13 +163,7 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
     // is drained here, so it runs without one.
     let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     for (i, node) in nodes.iter().enumerate() {
-        create_request(
-            &client,
-            &ns,
-            &format!("m{i}"),
-            request_spec(node, "le.example.com"),
-        )
-        .await?;
+        request_node(&client, &ns, &format!("m{i}"), node, "le.example.com").await?;
     }
     // The leader admits two and brings them to Ready.
     wait_for("two requests Ready", WAIT, || async {
@@ -198,13 +182,7 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
     let failover = jiff::Timestamp::now();
     first.kill();
     let killed = Instant::now();
-    wait_for("replica-b to lead", WAIT, || async {
-        Ok(lease_holder(&client, OPERATOR_NAMESPACE, OUR_LEASE)
-            .await?
-            .filter(|h| h == "replica-b")
-            .map(|_| ()))
-    })
-    .await?;
+    wait_holder(&client, "replica-b", WAIT).await?;
     let takeover = killed.elapsed();
     ensure!(
         takeover <= Duration::from_secs(LEASE_SECONDS * 2 + 2),
@@ -232,22 +210,9 @@ async fn standby_takes_over_when_the_leader_dies_and_limits_hold() -> Result<()>
     let standby_writes = audit.writes_by(&standby);
     // The positive control: the log does hold the operator's writes, so an empty list for the
     // standby means it wrote nothing, not that nothing was logged.
-    ensure!(
-        wrote(&leader_writes, "leases") && wrote(&leader_writes, "nodemaintenances"),
-        "the audit log holds no Lease and NodeMaintenance writes of the first leader ({leader}): \
-         is tests/testbed/audit-policy.yaml logging the operator's writes? Its writes: {}",
-        describe_writes(&leader_writes)
-    );
-    let before_failover: Vec<&WriteCall> = standby_writes
-        .iter()
-        .copied()
-        .filter(|w| w.received < failover)
-        .collect();
-    ensure!(
-        before_failover.is_empty(),
-        "the standby ({standby}) wrote while the other replica led: {}",
-        describe_writes(&before_failover)
-    );
+    ensure_logged(&leader_writes, &format!("the first leader ({leader})"))?;
+    let what = format!("the standby ({standby}) wrote while the other replica led");
+    ensure_none_before(&standby_writes, failover, &what)?;
     ensure!(
         wrote(&standby_writes, "leases") && wrote(&standby_writes, "nodemaintenances"),
         "the new leader ({standby}) took the Lease and finished the requests, yet the audit log \
@@ -304,9 +269,7 @@ fn ensure_conditional(writes: &[&WriteCall], who: &str) -> Result<()> {
 /// candidates start together: exactly one takes it.
 #[tokio::test]
 async fn a_record_dated_an_hour_ahead_is_taken_after_one_observed_lease_duration() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, None).await?;
+    let (testbed, client) = own_testbed(None).await?;
     // NVIDIA's Lease in NVIDIA's namespace, as during a migration.
     let lease_ns = unique_name("nvidia");
     create_namespace(&client, &lease_ns).await?;
@@ -446,13 +409,7 @@ async fn a_record_dated_an_hour_ahead_is_taken_after_one_observed_lease_duration
 /// and is taken a lease duration after they stop.
 #[tokio::test]
 async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(1, None))).await?;
-    let nodes = create_nodes(&client, "lag", 1, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("lag");
-    create_namespace(&client, &ns).await?;
+    let (testbed, client, ns, nodes) = own_cluster("lag", 1, Some(limits(1, None))).await?;
     // Our own Lease, in the operator's namespace (the default --lease-namespace).
     let an_hour = SignedDuration::from_hours(1);
     create_foreign_lease(
@@ -465,18 +422,8 @@ async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Re
     .await?;
     let renewer = Renewer::start(client.clone(), OPERATOR_NAMESPACE, OUR_LEASE, -an_hour);
     let identity = "lagging-standby";
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &nodes).operator_user(service_account_user(identity)),
-    )
-    .await?;
-    create_request(
-        &client,
-        &ns,
-        "waits",
-        request_spec(&nodes[0], "lag.example.com"),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &ns, &nodes, identity).await?;
+    request_node(&client, &ns, "waits", &nodes[0], "lag.example.com").await?;
 
     let lease_seconds = SKEW_LEASE_SECONDS.to_string();
     let operator = Operator::start_as(
@@ -502,14 +449,8 @@ async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Re
             "the lease went to {holder:?} {:.1}s into its renewals",
             watched.elapsed().as_secs_f64()
         );
-        let request = get_request(&client, &ns, "waits")
-            .await?
-            .context("request waits is gone")?;
-        ensure!(
-            request.phase() == Phase::Pending,
-            "a standby admitted a request while another replica led: {}",
-            describe(&request)
-        );
+        let why = "a standby admitted a request while another replica led";
+        ensure_phase(&client, &ns, "waits", Phase::Pending, why).await?;
         ensure!(operator.metric("maintenance_operator_leader").await? == 0.0);
         tokio::time::sleep(POLL_INTERVAL).await;
     }
@@ -522,13 +463,7 @@ async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Re
     );
 
     // Renewals stopped: taken a lease duration after the last one.
-    wait_for("the standby to take the abandoned lease", WAIT, || async {
-        Ok(lease_holder(&client, OPERATOR_NAMESPACE, OUR_LEASE)
-            .await?
-            .filter(|h| h == identity)
-            .map(|_| ()))
-    })
-    .await?;
+    wait_holder(&client, identity, WAIT).await?;
     let took = seconds_between(renewals.last_sent, Timestamp::now());
     println!(
         "after {} renewals dated an hour behind, the lease was taken {took:.1}s after the last \
@@ -545,22 +480,15 @@ async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Re
     let audit = AuditLog::read(&testbed)?;
     let user = service_account_user(identity);
     let writes = audit.writes_by(&user);
-    ensure!(
-        wrote(&writes, "leases") && wrote(&writes, "nodemaintenances"),
-        "the audit log holds no Lease and NodeMaintenance writes of the operator ({user}) although \
-         it took the lease and admitted the request: {}",
-        describe_writes(&writes)
-    );
-    let early: Vec<&WriteCall> = writes
-        .iter()
-        .copied()
-        .filter(|w| w.received < stopped_at)
-        .collect();
-    ensure!(
-        early.is_empty(),
-        "the standby wrote while the holder renewed: {}",
-        describe_writes(&early)
-    );
+    ensure_logged(
+        &writes,
+        &format!("the operator ({user}), which took the lease and admitted"),
+    )?;
+    ensure_none_before(
+        &writes,
+        stopped_at,
+        "the standby wrote while the holder renewed",
+    )?;
     let takeover = lease_writes(&writes, OPERATOR_NAMESPACE, OUR_LEASE)
         .first()
         .copied()
@@ -573,22 +501,15 @@ async fn a_holder_renewing_an_hour_behind_keeps_its_lease_until_it_stops() -> Re
         takeover.describe()
     );
     ensure_conditional(&writes, &user)?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 /// `kubectl ... patch ... '{"spec": {"maxUnavailable": 0}}'` exactly as the product documents
 /// it: new nodes stop becoming unavailable, requests on already-unavailable nodes go on.
 #[tokio::test]
 async fn troubleshooting_patch_max_unavailable_zero_works_verbatim() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(10, None))).await?;
-    let nodes = create_nodes(&client, "ts", 6, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let (testbed, client, ns, nodes) = own_cluster("ts", 6, Some(limits(10, None))).await?;
     cordon_node(&client, &nodes[0]).await?;
-    let ns = unique_name("ts");
-    create_namespace(&client, &ns).await?;
     let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     let op = Operator::start(&testbed, &[]).await?;
 
@@ -610,20 +531,8 @@ async fn troubleshooting_patch_max_unavailable_zero_works_verbatim() -> Result<(
     ensure!(status.success(), "kubectl patch failed: {status}");
     wait_scheduler_rounds(&op, 2).await?;
 
-    create_request(
-        &client,
-        &ns,
-        "on-cordoned",
-        request_spec(&nodes[0], "ts.example.com"),
-    )
-    .await?;
-    create_request(
-        &client,
-        &ns,
-        "on-healthy",
-        request_spec(&nodes[1], "ts.example.com"),
-    )
-    .await?;
+    request_node(&client, &ns, "on-cordoned", &nodes[0], "ts.example.com").await?;
+    request_node(&client, &ns, "on-healthy", &nodes[1], "ts.example.com").await?;
     wait_phase(&client, &ns, "on-cordoned", Phase::Ready, WAIT).await?;
     wait_scheduler_rounds(&op, 3).await?;
     let healthy = get_request(&client, &ns, "on-healthy")
@@ -631,6 +540,5 @@ async fn troubleshooting_patch_max_unavailable_zero_works_verbatim() -> Result<(
         .context("request on-healthy")?;
     assert_eq!(healthy.phase(), Phase::Pending);
     assert!(!node_unschedulable(&client, &nodes[1]).await?);
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }

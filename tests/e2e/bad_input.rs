@@ -6,9 +6,7 @@
 //! Every refusal here comes from the CRD schema and its CEL rules: the shared operator runs
 //! without the admission webhook (`--webhook-addr`), so nothing here depends on it.
 //!
-//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_bad_input`
-
-mod support;
+//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e bad_input::`
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +16,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams}
 use maintenance_crds::{MaintenanceOperatorConfig, NodeMaintenance, Phase};
 use serde_json::{Value, json};
 use support::operator::*;
+use support::*;
 
 const WAIT: Duration = Duration::from_secs(60);
 const REQUESTOR: &str = "bad-input.example.com";
@@ -960,7 +959,7 @@ async fn update(
 #[tokio::test]
 async fn bad_input_is_refused_with_what_to_fix_and_the_operator_carries_on() -> Result<()> {
     let shared = shared_cluster().await?;
-    let (client, ns, nodes) = isolated_setup("bad-input", 1, WAIT).await?;
+    let (client, ns, nodes) = isolated_setup("bad-input", 1).await?;
     let cases = cases();
     ensure!(cases.len() >= 30, "only {} cases", cases.len());
     let names: std::collections::BTreeSet<&str> = cases.iter().map(|c| c.name.as_str()).collect();
@@ -1039,7 +1038,7 @@ async fn bad_input_is_refused_with_what_to_fix_and_the_operator_carries_on() -> 
 
     // And a valid request made now still goes all the way (the config `default` of this
     // namespace, which would admit nothing, is ignored).
-    create_request(&client, &ns, "valid", request_spec(&nodes[0], REQUESTOR)).await?;
+    request_node(&client, &ns, "valid", &nodes[0], REQUESTOR).await?;
     wait_phase(&client, &ns, "valid", Phase::Ready, WAIT)
         .await
         .context("a valid request after the bad input")?;

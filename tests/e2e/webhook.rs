@@ -6,9 +6,7 @@
 //! The webhook is served by a standby replica (not the leader), as every replica serves it. The
 //! registration is cluster-wide, so this test starts a control plane of its own.
 //!
-//!   PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_webhook
-
-mod support;
+//!   PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e webhook::
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -201,15 +199,19 @@ async fn wait_answer(
     .await
 }
 
+/// Waits until the webhook refuses a request for a node that does not exist (`what` says why it
+/// may not yet).
+async fn wait_missing_node_refused(client: &Client, ns: &str, what: &str) -> Result<()> {
+    wait_answer(client, ns, what, |code, message| {
+        code == 403 && message.contains("does not exist")
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn webhook_refuses_what_the_operator_cannot_do_and_survives_a_rotation() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(1000, None))).await?;
-    let ns = unique_name("webhook");
-    create_namespace(&client, &ns).await?;
-    let nodes = create_nodes(&client, &unique_name("webhook"), 1, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let (testbed, client, ns, nodes) = own_cluster("webhook", 1, Some(limits(1000, None))).await?;
     let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     let node = &nodes[0];
 
@@ -269,8 +271,7 @@ async fn webhook_refuses_what_the_operator_cannot_do_and_survives_a_rotation() -
         .await
         .context("deleting the webhook registration")?;
     result?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 async fn exercise(
@@ -283,13 +284,7 @@ async fn exercise(
     url: &str,
 ) -> Result<()> {
     // The API server picks the registration up within a moment.
-    wait_answer(
-        client,
-        ns,
-        "the webhook to refuse a missing node",
-        |code, message| code == 403 && message.contains("does not exist"),
-    )
-    .await?;
+    wait_missing_node_refused(client, ns, "the webhook to refuse a missing node").await?;
 
     // A missing node: refused with our message, naming the object and the fix.
     let (code, message) = refusal(
@@ -321,16 +316,17 @@ async fn exercise(
         "the refused request was stored"
     );
 
-    // An invalid podSelector: refused as invalid, with the operator's own wording.
-    let spec = NodeMaintenanceSpec {
+    // A request whose drain takes the pods `selector` selects.
+    let selecting = |selector: &str| NodeMaintenanceSpec {
         drain_spec: Some(DrainSpec {
-            pod_selector: Some("app in (web".into()),
+            pod_selector: Some(selector.into()),
             ..DrainSpec::default()
         }),
         ..request_spec(node, "webhook.example.com")
     };
+    // An invalid podSelector: refused as invalid, with the operator's own wording.
     let (code, message) = refusal(
-        try_create(client, ns, "bad-selector", spec, false).await,
+        try_create(client, ns, "bad-selector", selecting("app in (web"), false).await,
         "a request with an invalid podSelector",
     )?;
     ensure!(code == 422, "code {code}: {message}");
@@ -344,14 +340,7 @@ async fn exercise(
 
     // An existing node: admitted, and the operator's own updates (finalizer, annotations) pass
     // while the webhook is registered, through to Ready and release.
-    let spec = NodeMaintenanceSpec {
-        drain_spec: Some(DrainSpec {
-            pod_selector: Some("app=web".into()),
-            ..DrainSpec::default()
-        }),
-        ..request_spec(node, "webhook.example.com")
-    };
-    try_create(client, ns, "good", spec, false)
+    try_create(client, ns, "good", selecting("app=web"), false)
         .await
         .context("a valid request on an existing node was refused")?;
     wait_phase(client, ns, "good", Phase::Ready, WAIT).await?;
@@ -370,26 +359,16 @@ async fn exercise(
     )?;
     ensure!(code == 422, "code {code}: {message}");
     ensure!(message.contains("spec.drainSpec.podSelector"), "{message}");
-    requests
-        .patch(
-            "good",
-            &PatchParams::default(),
-            &Patch::Merge(
-                serde_json::json!({"spec": {"additionalRequestors": ["other.example.com"]}}),
-            ),
-        )
-        .await
-        .context("a valid update was refused")?;
-    requests
-        .patch(
-            "good",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"additionalRequestors": null}})),
-        )
-        .await
-        .context("a valid update was refused")?;
-    delete_request(client, ns, "good").await?;
-    wait_request_gone(client, ns, "good", WAIT).await?;
+    for additional in [
+        serde_json::json!(["other.example.com"]),
+        serde_json::Value::Null,
+    ] {
+        let valid = serde_json::json!({"spec": {"additionalRequestors": additional}});
+        patch_request(client, ns, "good", valid)
+            .await
+            .context("a valid update was refused")?;
+    }
+    release_request(client, ns, "good", WAIT).await?;
     ensure!(
         !node_unschedulable(client, node).await?,
         "{node} stayed cordoned after the release"
@@ -428,13 +407,7 @@ async fn exercise(
     // Then the files: the operator picks the new certificate up without a restart, and the
     // refusals are ours again.
     files.write(&second_ca.serving()?)?;
-    wait_answer(
-        client,
-        ns,
-        "the webhook to serve the new certificate",
-        |code, message| code == 403 && message.contains("does not exist"),
-    )
-    .await?;
+    wait_missing_node_refused(client, ns, "the webhook to serve the new certificate").await?;
     try_create(
         client,
         ns,

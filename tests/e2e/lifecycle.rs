@@ -1,16 +1,13 @@
 //! The whole life of a request on a live control plane: admission, cordon, drain, Ready, cleanup;
 //! additional requestors, RequestorFailed, node deletion, and kill-and-restart resume.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use maintenance_core::cordon_mark;
 use maintenance_crds::{
     FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance, Phase, WaitForPodCompletionSpec,
@@ -21,35 +18,14 @@ use support::*;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-async fn setup(prefix: &str, count: usize) -> Result<(Client, String, Vec<String>)> {
-    isolated_setup(prefix, count, WAIT).await
-}
-
-async fn pods_on_node(client: &Client, ns: &str, node: &str) -> Result<Vec<Pod>> {
-    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    Ok(Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&lp)
-        .await?
-        .items)
-}
-
-async fn event_reasons(client: &Client, ns: &str, request: &str) -> Result<Vec<String>> {
-    Ok(events_about(client, ns, request)
-        .await?
-        .iter()
-        .filter_map(phase_or_reason)
-        .collect())
-}
-
 #[tokio::test]
 async fn full_lifecycle_cordons_drains_and_uncordons() -> Result<()> {
-    let (client, ns, nodes) = setup("life", 3).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("life", 3).await?;
     let target = &nodes[0];
     let labels = [("app", "web")];
     // Pods start on the target only; the label then goes to the other nodes too, so that
     // replacements have somewhere to go (a label, not a template change: no rollout).
-    add_node_label(&client, target, "pool", &ns).await?;
+    set_node_label(&client, target, "pool", Some(&ns)).await?;
     create_deployment(
         &client,
         &ns,
@@ -61,7 +37,7 @@ async fn full_lifecycle_cordons_drains_and_uncordons() -> Result<()> {
     .await?;
     wait_pods_ready(&client, &ns, "app=web", 4, WAIT).await?;
     for node in &nodes[1..] {
-        add_node_label(&client, node, "pool", &ns).await?;
+        set_node_label(&client, node, "pool", Some(&ns)).await?;
     }
     assert_eq!(pods_on_node(&client, &ns, target).await?.len(), 4);
 
@@ -116,20 +92,17 @@ async fn full_lifecycle_cordons_drains_and_uncordons() -> Result<()> {
             .any(|r| r == "WaitForPodCompletion" || r == "Cordon")
     );
 
-    delete_request(&client, &ns, "maint").await?;
-    wait_request_gone(&client, &ns, "maint", WAIT).await?;
+    release_request(&client, &ns, "maint", WAIT).await?;
     assert!(
         !node_unschedulable(&client, target).await?,
         "node uncordoned"
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
 async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
-    let (client, ns, nodes) = setup("nocordon", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("nocordon", 1).await?;
     let mut spec = request_spec(&nodes[0], "nocordon.example.com");
     spec.cordon = Some(false);
     create_request(&client, &ns, "m", spec).await?;
@@ -137,10 +110,8 @@ async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
     // `cordon: false` survived the round trip through the API server and the operator.
     assert_eq!(ready.spec.cordon, Some(false));
     assert!(!node_unschedulable(&client, &nodes[0]).await?);
-    delete_request(&client, &ns, "m").await?;
-    wait_request_gone(&client, &ns, "m", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    release_request(&client, &ns, "m", WAIT).await?;
+    monitor.held().await
 }
 
 /// Requests on one node, each created the moment the one before is gone: the admission takes
@@ -152,18 +123,11 @@ async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
 /// the wiring.
 #[tokio::test]
 async fn back_to_back_requests_on_one_node_each_record_it_schedulable() -> Result<()> {
-    let (client, ns, nodes) = setup("backtoback", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("backtoback", 1).await?;
     let node = &nodes[0];
     for i in 0..8 {
         let name = format!("m{i}");
-        create_request(
-            &client,
-            &ns,
-            &name,
-            request_spec(node, "backtoback.example.com"),
-        )
-        .await?;
+        request_node(&client, &ns, &name, node, "backtoback.example.com").await?;
         let ready = wait_phase(&client, &ns, &name, Phase::Ready, WAIT).await?;
         let recorded = ready
             .annotations()
@@ -178,21 +142,18 @@ async fn back_to_back_requests_on_one_node_each_record_it_schedulable() -> Resul
             node_unschedulable(&client, node).await?,
             "{node} not cordoned while {ns}/{name} is Ready"
         );
-        delete_request(&client, &ns, &name).await?;
-        wait_request_gone(&client, &ns, &name, WAIT).await?;
+        release_request(&client, &ns, &name, WAIT).await?;
     }
     anyhow::ensure!(
         !node_unschedulable(&client, node).await?,
         "{node} left cordoned after the last request was gone"
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
 async fn additional_requestors_keep_the_node_until_they_let_go() -> Result<()> {
-    let (client, ns, nodes) = setup("shared", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("shared", 1).await?;
     let mut spec = request_spec(&nodes[0], "first.example.com");
     spec.additional_requestors = Some(vec!["second.example.com".into()]);
     create_request(&client, &ns, "m", spec).await?;
@@ -210,30 +171,17 @@ async fn additional_requestors_keep_the_node_until_they_let_go() -> Result<()> {
     assert!(held.finalizers().iter().any(|f| f == FINALIZER));
     assert!(node_unschedulable(&client, &nodes[0]).await?);
     // The second requestor lets go.
-    Api::<NodeMaintenance>::namespaced(client.clone(), &ns)
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"additionalRequestors": []}})),
-        )
-        .await?;
+    let no_more = serde_json::json!({"spec": {"additionalRequestors": []}});
+    patch_request(&client, &ns, "m", no_more).await?;
     wait_request_gone(&client, &ns, "m", WAIT).await?;
     assert!(!node_unschedulable(&client, &nodes[0]).await?);
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
 async fn requestor_failed_is_mirrored_into_the_phase() -> Result<()> {
-    let (client, ns, nodes) = setup("reqfail", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
-    create_request(
-        &client,
-        &ns,
-        "m",
-        request_spec(&nodes[0], "flaky.example.com"),
-    )
-    .await?;
+    let (client, ns, nodes, monitor) = monitored_setup("reqfail", 1).await?;
+    request_node(&client, &ns, "m", &nodes[0], "flaky.example.com").await?;
     let ready = wait_phase(&client, &ns, "m", Phase::Ready, WAIT).await?;
     let mut conditions = ready.status.clone().unwrap_or_default().conditions;
     conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
@@ -261,37 +209,26 @@ async fn requestor_failed_is_mirrored_into_the_phase() -> Result<()> {
     // The requestor's own condition is kept.
     assert!(failed.condition("RequestorFailed").is_some());
     assert!(node_unschedulable(&client, &nodes[0]).await?);
-    delete_request(&client, &ns, "m").await?;
-    wait_request_gone(&client, &ns, "m", WAIT).await?;
+    release_request(&client, &ns, "m", WAIT).await?;
     assert!(!node_unschedulable(&client, &nodes[0]).await?);
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
 async fn deleting_the_node_removes_its_requests() -> Result<()> {
-    let (client, ns, nodes) = setup("nodegone", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
-    create_request(
-        &client,
-        &ns,
-        "m",
-        request_spec(&nodes[0], "decom.example.com"),
-    )
-    .await?;
+    let (client, ns, nodes, monitor) = monitored_setup("nodegone", 1).await?;
+    request_node(&client, &ns, "m", &nodes[0], "decom.example.com").await?;
     wait_phase(&client, &ns, "m", Phase::Ready, WAIT).await?;
     Api::<Node>::all(client.clone())
         .delete(&nodes[0], &Default::default())
         .await?;
     wait_request_gone(&client, &ns, "m", WAIT).await?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
 async fn wait_for_pod_completion_times_out_and_moves_on() -> Result<()> {
-    let (client, ns, nodes) = setup("waitpods", 1).await?;
-    let monitor = monitor_shared(&ns, &nodes).await?;
+    let (client, ns, nodes, monitor) = monitored_setup("waitpods", 1).await?;
     let labels = BTreeMap::from([("role".to_string(), "batch".to_string())]);
     create_bare_pod(
         &client,
@@ -338,8 +275,7 @@ async fn wait_for_pod_completion_times_out_and_moves_on() -> Result<()> {
             .then_some(()))
     })
     .await?;
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 /// Kill the operator (SIGKILL) again and again while six drains run under maxParallelOperations=2:
@@ -347,36 +283,23 @@ async fn wait_for_pod_completion_times_out_and_moves_on() -> Result<()> {
 /// and every request finishes.
 #[tokio::test]
 async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(2, None))).await?;
-    let nodes = create_nodes(&client, "crash", 8, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("crash");
-    create_namespace(&client, &ns).await?;
+    let (testbed, client, ns, nodes) = own_cluster("crash", 8, Some(limits(2, None))).await?;
     // Pods on the first six nodes so that every drain has work to do; the last two nodes
     // receive the replacements (labels added afterwards: no rollout).
     for (i, node) in nodes.iter().take(6).enumerate() {
         let name = format!("app-{i}");
         let pool = format!("pool-{name}");
-        add_node_label(&client, node, &pool, "yes").await?;
+        set_node_label(&client, node, &pool, Some("yes")).await?;
         let labels = [("app", name.as_str())];
         let pods = PodSpecOptions::on_nodes_labelled(&pool, "yes");
         create_deployment(&client, &ns, &name, 3, &labels, &pods).await?;
         wait_pods_ready(&client, &ns, &format!("app={name}"), 3, WAIT).await?;
         for spare in &nodes[6..] {
-            add_node_label(&client, spare, &pool, "yes").await?;
+            set_node_label(&client, spare, &pool, Some("yes")).await?;
         }
     }
     // A PDB that blocks app-0's drain until the test raises its replicas.
-    create_pdb_min_available(
-        &client,
-        &ns,
-        "app-0",
-        &[("app", "app-0")],
-        IntOrString::Int(3),
-    )
-    .await?;
+    create_app_pdb(&client, &ns, "app-0", 3).await?;
     // The scenario needs app-0's drain held back by its budget; without that, the kills below
     // would not land while a drain waits on a PDB.
     wait_pdb_disruptions_allowed(&client, &ns, "app-0", 0, WAIT)
@@ -386,11 +309,7 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
     // The monitor checks every state the API server shows (maxParallelOperations at each
     // admission, PDBs, cordons) and, with the operator under its own identity, the audit log.
     let account = "crash-operator";
-    let monitor = InvariantMonitor::start(
-        &testbed,
-        Scope::new(&ns, &nodes).operator_user(service_account_user(account)),
-    )
-    .await?;
+    let monitor = monitor_as(&testbed, &ns, &nodes, account).await?;
 
     let mut operator = Operator::start_as(&testbed, account, &[]).await?;
     for (i, node) in nodes.iter().take(6).enumerate() {
@@ -469,15 +388,9 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
 /// node unschedulable, and the node stayed cordoned for good.
 #[tokio::test]
 async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(1, None))).await?;
-    let nodes = create_nodes(&client, "orphan", 2, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
+    let (testbed, client, ns, nodes) = own_cluster("orphan", 2, Some(limits(1, None))).await?;
     let node = &nodes[0];
-    let ns = unique_name("orphan");
-    create_namespace(&client, &ns).await?;
-    let requests: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
+    let _requests: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
     let mark_of = |node: Node| {
         node.annotations()
             .get(cordon_mark::CORDONED_BY_UID_ANNOTATION)
@@ -486,13 +399,7 @@ async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> 
     let nodes_api: Api<Node> = Api::all(client.clone());
 
     let mut operator = Operator::start(&testbed, &[]).await?;
-    create_request(
-        &client,
-        &ns,
-        "gone",
-        request_spec(node, "orphan.example.com"),
-    )
-    .await?;
+    request_node(&client, &ns, "gone", node, "orphan.example.com").await?;
     let ready = wait_phase(&client, &ns, "gone", Phase::Ready, WAIT).await?;
     ensure!(
         node_unschedulable(&client, node).await?,
@@ -505,26 +412,14 @@ async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> 
     );
 
     operator.kill();
-    requests
-        .patch(
-            "gone",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } })),
-        )
-        .await
-        .context("removing the finalizers by hand")?;
+    let no_finalizers = serde_json::json!({ "metadata": { "finalizers": null } });
+    patch_request(&client, &ns, "gone", no_finalizers).await?;
     delete_request(&client, &ns, "gone").await?;
     ensure!(
         get_request(&client, &ns, "gone").await?.is_none(),
         "precondition: the request is still there"
     );
-    create_request(
-        &client,
-        &ns,
-        "next",
-        request_spec(node, "orphan.example.com"),
-    )
-    .await?;
+    request_node(&client, &ns, "next", node, "orphan.example.com").await?;
     operator.restart().await?;
 
     // The uncordon and the next request's admission and cordon follow one another within
@@ -567,8 +462,7 @@ async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> 
         "the Event names the request that went: {note}"
     );
 
-    delete_request(&client, &ns, "next").await?;
-    wait_request_gone(&client, &ns, "next", WAIT).await?;
+    release_request(&client, &ns, "next", WAIT).await?;
     let after = nodes_api.get(node).await?;
     assert!(
         !node_unschedulable(&client, node).await?,

@@ -2,9 +2,7 @@
 //! zone ("one zone at a time"), a maintenance window that opens during the test, and the API
 //! server's validation of both.
 //!
-//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_fleet`
-
-mod support;
+//! `PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e fleet::`
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -77,9 +75,7 @@ fn track_max_zones_in_maintenance(
 
 #[tokio::test]
 async fn two_zones_one_zone_at_a_time() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(one_zone_at_a_time())).await?;
+    let (testbed, client) = own_testbed(Some(one_zone_at_a_time())).await?;
     let zone_a = create_nodes(&client, "zone-a", 3, &[(ZONE, "a")]).await?;
     let zone_b = create_nodes(&client, "zone-b", 3, &[(ZONE, "b")]).await?;
     let all: Vec<String> = zone_a.iter().chain(&zone_b).cloned().collect();
@@ -103,30 +99,26 @@ async fn two_zones_one_zone_at_a_time() -> Result<()> {
         ("a1", &zone_a[1]),
         ("b1", &zone_b[1]),
     ] {
-        create_request(&client, &ns, name, request_spec(node, REQUESTOR)).await?;
+        request_node(&client, &ns, name, node, REQUESTOR).await?;
     }
-    wait_for(
-        "zone a admitted and zone b held back by the budget",
-        WAIT,
-        || async {
-            let requests = list_requests(&client, &ns).await?;
-            let admitted = past_pending(&requests);
-            ensure!(
-                admitted.iter().all(|n| n.starts_with('a')),
-                "zone b admitted while zone a is in maintenance: {admitted:?}"
-            );
-            let held = requests
-                .iter()
-                .filter(|r| r.name_any().starts_with('b'))
-                .all(|r| {
-                    pending_message(r).is_some_and(|m| {
-                        m.starts_with("maxUnavailableGroups of budget zones reached")
-                            && m.contains("topology.kubernetes.io/zone=b")
-                    })
-                });
-            Ok((admitted == ["a0", "a1"] && held).then_some(()))
-        },
-    )
+    wait_for("zone a admitted, zone b held back", WAIT, || async {
+        let requests = list_requests(&client, &ns).await?;
+        let admitted = past_pending(&requests);
+        ensure!(
+            admitted.iter().all(|n| n.starts_with('a')),
+            "zone b admitted while zone a is in maintenance: {admitted:?}"
+        );
+        let held = requests
+            .iter()
+            .filter(|r| r.name_any().starts_with('b'))
+            .all(|r| {
+                pending_message(r).is_some_and(|m| {
+                    m.starts_with("maxUnavailableGroups of budget zones reached")
+                        && m.contains("topology.kubernetes.io/zone=b")
+                })
+            });
+        Ok((admitted == ["a0", "a1"] && held).then_some(()))
+    })
     .await?;
     // More rounds (the tick, the status writes of zone a) admit nothing in zone b.
     wait_scheduler_rounds(&op, 3).await?;
@@ -173,8 +165,7 @@ async fn two_zones_one_zone_at_a_time() -> Result<()> {
         max_zones.load(Ordering::SeqCst) == 1,
         "both zones were in maintenance at once"
     );
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 /// The first whole minute at least `lead` from now: cron fires on minutes.
@@ -190,13 +181,7 @@ fn next_minute_after(lead: SignedDuration) -> Result<Timestamp> {
 
 #[tokio::test]
 async fn a_window_that_opens_during_the_test() -> Result<()> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(limits(10, None))).await?;
-    let nodes = create_nodes(&client, "win", 2, &[]).await?;
-    wait_nodes_ready(&client, &nodes, WAIT).await?;
-    let ns = unique_name("window");
-    create_namespace(&client, &ns).await?;
+    let (testbed, client, ns, nodes) = own_cluster("window", 2, Some(limits(10, None))).await?;
     let monitor = InvariantMonitor::start(&testbed, Scope::new(&ns, &nodes)).await?;
     // No safety-net tick during the test: admission must start because the window opened.
     let op = Operator::start(&testbed, &["--tick-seconds", "600"]).await?;
@@ -219,7 +204,7 @@ async fn a_window_that_opens_during_the_test() -> Result<()> {
     )
     .await?;
     for (name, node) in [("r0", &nodes[0]), ("r1", &nodes[1])] {
-        create_request(&client, &ns, name, request_spec(node, REQUESTOR)).await?;
+        request_node(&client, &ns, name, node, REQUESTOR).await?;
     }
     let expected = format!(
         "outside the maintenance windows: the next opens at {} (Europe/Berlin)",
@@ -279,8 +264,7 @@ async fn a_window_that_opens_during_the_test() -> Result<()> {
         seen.duration_since(opening)
     );
     drop(op);
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 fn config(name: &str, spec: MaintenanceOperatorConfigSpec) -> MaintenanceOperatorConfig {

@@ -8,17 +8,15 @@
 //! deletes pods as that user in the test's namespace.
 //!
 //! ```sh
-//! PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e_force_delete
+//! PATH="$(tests/testbed/testbed bin-dir):$PATH" cargo test --test e2e force_delete::
 //! ```
-
-mod support;
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use kube::{Client, ResourceExt};
 use maintenance_crds::{DrainSpec, NodeMaintenance, Phase, condition_type};
 use support::audit::{AuditLog, seconds_between};
 use support::invariants::*;
@@ -47,27 +45,9 @@ fn phase_start(request: &NodeMaintenance) -> Result<jiff::Timestamp> {
         .with_context(|| format!("{} has no Ready condition", request.key()))
 }
 
-/// The first Warning `ForceDeleted` Event about `name`.
-async fn force_deleted_event(
-    client: &Client,
-    ns: &str,
-    name: &str,
-) -> Result<k8s_openapi::api::events::v1::Event> {
-    wait_for(
-        &format!("a Warning ForceDeleted event about {ns}/{name}"),
-        WAIT,
-        || async move {
-            Ok(events_about(client, ns, name).await?.into_iter().find(|e| {
-                e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("ForceDeleted")
-            }))
-        },
-    )
-    .await
-}
-
 #[tokio::test]
 async fn a_budget_is_bypassed_past_the_deadline_and_only_with_it() -> Result<()> {
-    let (client, ns, nodes) = isolated_setup("force", 2, WAIT).await?;
+    let (client, ns, nodes) = isolated_setup("force", 2).await?;
     let shared = shared_cluster().await?;
     // Bypassing budget `guarded` by a DELETE is what this test asks for: that budget is left out
     // of the PDB check, and the monitor's pod-deletion check is off (it would flag that DELETE):
@@ -136,10 +116,13 @@ async fn a_budget_is_bypassed_past_the_deadline_and_only_with_it() -> Result<()>
 
     // A Warning Event on the request and one on the pod, each naming both.
     for about in ["forced", guarded.as_str()] {
-        let note = force_deleted_event(&client, &ns, about)
-            .await?
-            .note
-            .unwrap_or_default();
+        let event = wait_event(&client, &ns, about, "ForceDeleted", WAIT).await?;
+        ensure!(
+            event.type_.as_deref() == Some("Warning"),
+            "the ForceDeleted Event about {about} is a {:?}",
+            event.type_
+        );
+        let note = event.note.unwrap_or_default();
         ensure!(
             note.contains(&key) && note.contains(&format!("PodDisruptionBudget {ns}/guarded")),
             "the Event about {about} names the pod and the budget: {note}"
@@ -236,9 +219,7 @@ async fn a_budget_is_bypassed_past_the_deadline_and_only_with_it() -> Result<()>
     );
 
     for name in ["forced", "control"] {
-        delete_request(&client, &ns, name).await?;
-        wait_request_gone(&client, &ns, name, WAIT).await?;
+        release_request(&client, &ns, name, WAIT).await?;
     }
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }

@@ -14,13 +14,9 @@
 //! Prometheus and promtool come from Debian's `prometheus` package. Without them the tests that
 //! need them fail, naming the missing tool and how to install it: a skipped check passes silently.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -34,6 +30,7 @@ use maintenance_crds::{
 };
 use prometheus::proto::MetricType;
 use serde_json::{Value, json};
+use support::operator::{Helper, free_port, http_get};
 use support::policy::{NodeUpdatePolicy, Rule};
 use support::*;
 
@@ -851,56 +848,6 @@ fn promtool_unit_tests_show_when_each_alert_fires() {
 // ---------------------------------------------------------------------------------------------
 // End to end: a real Prometheus scraping the operator on the testbed
 
-/// A child process killed (and reaped) when dropped, so nothing outlives the test.
-struct ChildGuard {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
-}
-
-impl ChildGuard {
-    fn spawn(name: &'static str, cmd: &mut Command, log: PathBuf) -> Result<ChildGuard> {
-        let file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .with_context(|| format!("starting {name}: {cmd:?}"))?;
-        Ok(ChildGuard { name, child, log })
-    }
-
-    /// Fails when the process has exited.
-    fn ensure_running(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} exited ({status}); its log:\n{}",
-                self.name,
-                self.log_tail(60)
-            );
-        }
-        Ok(())
-    }
-
-    fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| {
@@ -913,42 +860,19 @@ fn percent_encode(s: &str) -> String {
         .collect()
 }
 
-/// A plain HTTP/1.0 GET (the server closes the connection after the body): status and body.
-fn http_get_blocking(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAccept: */*\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("malformed HTTP response: {text:.200}"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("no status in {head:.200}"))?;
-    Ok((status, body.to_string()))
-}
-
-async fn http_get(port: u16, path: String) -> Result<(u16, String)> {
-    tokio::task::spawn_blocking(move || http_get_blocking(port, &path)).await?
-}
-
 /// A Prometheus server of our own.
 struct Prom {
     port: u16,
 }
 
 impl Prom {
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
     /// `GET /api/v1/<endpoint>`: the `data` of a successful answer.
     async fn api(&self, endpoint: &str) -> Result<Value> {
-        let (status, body) = http_get(self.port, format!("/api/v1/{endpoint}")).await?;
+        let (status, body) = http_get(&self.url(&format!("/api/v1/{endpoint}"))).await?;
         let answer: Value = serde_json::from_str(&body)
             .with_context(|| format!("HTTP {status}, not JSON: {body:.300}"))?;
         if status != 200 || answer["status"] != "success" {
@@ -1115,14 +1039,7 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
         &PodSpecOptions::on_node(&nodes[0]),
     )
     .await?;
-    create_pdb_min_available(
-        &client,
-        &ns,
-        "guarded",
-        &[("app", "guarded")],
-        IntOrString::Int(1),
-    )
-    .await?;
+    create_app_pdb(&client, &ns, "guarded", 1).await?;
     for (name, node) in [("web-a", &nodes[1]), ("web-b", &nodes[2])] {
         create_deployment(
             &client,
@@ -1142,7 +1059,7 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
 
     // The operator, and a Prometheus scraping it every second with the alert rules loaded.
     let metrics_port = free_port()?;
-    let mut operator = ChildGuard::spawn(
+    let mut operator = Helper::spawn(
         "maintenance-operator",
         Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
             .args(["run", "--metrics-addr"])
@@ -1171,7 +1088,7 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
     });
     let prom_config_path = work.path().join("prometheus.yml");
     std::fs::write(&prom_config_path, serde_norway::to_string(&prom_config)?)?;
-    let mut prom_process = ChildGuard::spawn(
+    let mut prom_process = Helper::spawn(
         "prometheus",
         Command::new(&prometheus)
             .arg(format!("--config.file={}", prom_config_path.display()))
@@ -1212,8 +1129,8 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
 async fn scenario(
     client: &kube::Client,
     prom: &Prom,
-    operator: &mut ChildGuard,
-    prom_process: &mut ChildGuard,
+    operator: &mut Helper,
+    prom_process: &mut Helper,
     ns: &str,
     nodes: &[String],
     locked: &str,
@@ -1222,7 +1139,7 @@ async fn scenario(
         let running = prom_process.ensure_running();
         async move {
             running?;
-            let (status, body) = http_get(prom.port, "/-/ready".into()).await?;
+            let (status, body) = http_get(&prom.url("/-/ready")).await?;
             Ok(if status == 200 {
                 Check::Done(())
             } else {

@@ -2,13 +2,11 @@
 //! control plane with the operator running as a process. Limits count every node of the cluster,
 //! so each test has a control plane of its own.
 
-mod support;
-
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use kube::Client;
-use maintenance_crds::{MaintenanceOperatorConfigSpec, NodeMaintenanceSpec, Phase};
+use maintenance_crds::{MaintenanceOperatorConfigSpec, Phase};
 use support::invariants::*;
 use support::operator::*;
 use support::*;
@@ -29,20 +27,14 @@ async fn cluster(
     unavailable: usize,
     config: MaintenanceOperatorConfigSpec,
 ) -> Result<Cluster> {
-    let testbed = Testbed::start().await?;
-    let client = testbed.client().await?;
-    install(&client, Some(config)).await?;
-    let names = create_nodes(&client, "node", nodes, &[]).await?;
-    wait_nodes_ready(&client, &names, WAIT).await?;
-    for node in names.iter().take(unavailable) {
+    let (testbed, client, ns, nodes) = own_cluster("sched", nodes, Some(config)).await?;
+    for node in nodes.iter().take(unavailable) {
         cordon_node(&client, node).await?;
     }
-    let ns = unique_name("sched");
-    create_namespace(&client, &ns).await?;
     Ok(Cluster {
         testbed,
         client,
-        nodes: names,
+        nodes,
         ns,
     })
 }
@@ -53,17 +45,13 @@ const OPERATOR_ACCOUNT: &str = "sched-operator";
 /// The invariant monitor over the whole (own) cluster, limits included, started before the
 /// operator and the first request.
 async fn monitor(c: &Cluster) -> Result<InvariantMonitor> {
-    InvariantMonitor::start(
-        &c.testbed,
-        Scope::new(&c.ns, &c.nodes).operator_user(service_account_user(OPERATOR_ACCOUNT)),
-    )
-    .await
+    monitor_as(&c.testbed, &c.ns, &c.nodes, OPERATOR_ACCOUNT).await
 }
 
 /// Creates one request per (name, node, requestor), in order.
 async fn requests(c: &Cluster, specs: &[(&str, &str, &str)]) -> Result<()> {
     for (name, node, requestor) in specs {
-        create_request(&c.client, &c.ns, name, request_spec(node, requestor)).await?;
+        request_node(&c.client, &c.ns, name, node, requestor).await?;
     }
     Ok(())
 }
@@ -106,27 +94,69 @@ async fn admitted_settles_at(c: &Cluster, op: &Operator, expected: usize) -> Res
     Ok(admitted)
 }
 
+/// A worked example as the tests below run it: the monitor and the operator started, then one
+/// request of `requestor` per `(name, node index)`, in order; returns once `expected` of them are
+/// admitted and stay so.
+struct Example {
+    c: Cluster,
+    op: Operator,
+    monitor: InvariantMonitor,
+    admitted: Vec<String>,
+}
+
+impl Example {
+    async fn finish(self) -> Result<()> {
+        self.monitor.finish().await?;
+        Ok(())
+    }
+}
+
+async fn example(
+    c: Cluster,
+    requestor: &str,
+    on: &[(&str, usize)],
+    expected: usize,
+) -> Result<Example> {
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
+    for (name, node) in on {
+        request_node(&c.client, &c.ns, name, &c.nodes[*node], requestor).await?;
+    }
+    let admitted = admitted_settles_at(&c, &op, expected).await?;
+    Ok(Example {
+        c,
+        op,
+        monitor,
+        admitted,
+    })
+}
+
+/// Requests `names` become Ready, are released, and go.
+async fn release_once_ready(c: &Cluster, names: &[&str]) -> Result<()> {
+    for name in names {
+        wait_phase(&c.client, &c.ns, name, Phase::Ready, WAIT).await?;
+        release_request(&c.client, &c.ns, name, WAIT).await?;
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn example_one_max_parallel_limits_admission() -> Result<()> {
     // 10 nodes, maxParallelOperations=2, maxUnavailable=5, 5 pending -> 2 scheduled.
-    let c = cluster(10, 0, limits(2, 5)).await?;
-    let monitor = monitor(&c).await?;
-    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
-    let specs: Vec<(String, String)> = (0..5)
-        .map(|i| (format!("r{i}"), c.nodes[i].clone()))
-        .collect();
-    let specs: Vec<(&str, &str, &str)> = specs
-        .iter()
-        .map(|(n, node)| (n.as_str(), node.as_str(), "upgrade.example.com"))
-        .collect();
-    requests(&c, &specs).await?;
-    admitted_settles_at(&c, &op, 2).await?;
+    let on = [("r0", 0), ("r1", 1), ("r2", 2), ("r3", 3), ("r4", 4)];
+    let e = example(
+        cluster(10, 0, limits(2, 5)).await?,
+        "upgrade.example.com",
+        &on,
+        2,
+    )
+    .await?;
     // Each waiting request says why, in its Ready condition.
     wait_for(
         "the waiting requests to explain themselves",
         WAIT,
         || async {
-            let all = list_requests(&c.client, &c.ns).await?;
+            let all = list_requests(&e.c.client, &e.c.ns).await?;
             let explained = all.iter().filter(|r| r.phase() == Phase::Pending).all(|r| {
                 r.condition("Ready")
                     .is_some_and(|c| c.message.contains("maxParallelOperations=2"))
@@ -135,111 +165,71 @@ async fn example_one_max_parallel_limits_admission() -> Result<()> {
         },
     )
     .await?;
-    monitor.finish().await?;
-    Ok(())
+    e.finish().await
 }
 
 #[tokio::test]
 async fn example_two_max_unavailable_counts_unavailable_nodes() -> Result<()> {
     // 10 nodes of which 2 unavailable, maxParallelOperations=5, maxUnavailable=3,
     // 3 pending on available nodes -> 1 scheduled.
+    let on = [("a", 2), ("b", 3), ("c", 4)];
     let c = cluster(10, 2, limits(5, 3)).await?;
-    let monitor = monitor(&c).await?;
-    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
-    let n = &c.nodes;
-    requests(
-        &c,
-        &[
-            ("a", &n[2], "fw.example.com"),
-            ("b", &n[3], "fw.example.com"),
-            ("c", &n[4], "fw.example.com"),
-        ],
-    )
-    .await?;
-    admitted_settles_at(&c, &op, 1).await?;
-    monitor.finish().await?;
-    Ok(())
+    example(c, "fw.example.com", &on, 1).await?.finish().await
 }
 
 #[tokio::test]
 async fn requests_on_unavailable_nodes_do_not_use_up_max_unavailable() -> Result<()> {
     // availableSlots=3 (maxParallelOperations=3), canBecomeUnavailable=1 (maxUnavailable=3 with 2
     // nodes cordoned): 2 requests on the unavailable nodes + 1 on an available node -> 3.
-    let c = cluster(10, 2, limits(3, 3)).await?;
-    let monitor = monitor(&c).await?;
-    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
-    let n = &c.nodes;
-    requests(
-        &c,
-        &[
-            ("on-cordoned-0", &n[0], "os.example.com"),
-            ("on-cordoned-1", &n[1], "os.example.com"),
-            ("on-available", &n[2], "os.example.com"),
-        ],
+    let on = [
+        ("on-cordoned-0", 0),
+        ("on-cordoned-1", 1),
+        ("on-available", 2),
+    ];
+    let e = example(
+        cluster(10, 2, limits(3, 3)).await?,
+        "os.example.com",
+        &on,
+        3,
     )
     .await?;
-    admitted_settles_at(&c, &op, 3).await?;
     // We did not cordon the nodes that were already cordoned, so we must not uncordon them.
-    for name in ["on-cordoned-0", "on-cordoned-1"] {
-        wait_phase(&c.client, &c.ns, name, Phase::Ready, WAIT).await?;
-        delete_request(&c.client, &c.ns, name).await?;
-        wait_request_gone(&c.client, &c.ns, name, WAIT).await?;
+    release_once_ready(&e.c, &["on-cordoned-0", "on-cordoned-1"]).await?;
+    for node in &e.c.nodes[..2] {
+        assert!(node_unschedulable(&e.c.client, node).await?);
     }
-    assert!(node_unschedulable(&c.client, &n[0]).await?);
-    assert!(node_unschedulable(&c.client, &n[1]).await?);
-    monitor.finish().await?;
-    Ok(())
+    e.finish().await
 }
 
 #[tokio::test]
 async fn requests_on_available_nodes_are_bounded_by_can_become_unavailable() -> Result<()> {
     // Same limits, 3 requests on available nodes -> 1.
+    let on = [("x", 2), ("y", 3), ("z", 4)];
     let c = cluster(10, 2, limits(3, 3)).await?;
-    let monitor = monitor(&c).await?;
-    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
-    let n = &c.nodes;
-    requests(
-        &c,
-        &[
-            ("x", &n[2], "os.example.com"),
-            ("y", &n[3], "os.example.com"),
-            ("z", &n[4], "os.example.com"),
-        ],
-    )
-    .await?;
-    admitted_settles_at(&c, &op, 1).await?;
-    monitor.finish().await?;
-    Ok(())
+    example(c, "os.example.com", &on, 1).await?.finish().await
 }
 
 #[tokio::test]
 async fn max_unavailable_zero_only_lets_already_unavailable_nodes_proceed() -> Result<()> {
-    let c = cluster(10, 2, limits(5, 0)).await?;
-    let monitor = monitor(&c).await?;
-    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
-    let n = &c.nodes;
-    requests(
-        &c,
-        &[
-            ("down-0", &n[0], "k8s.example.com"),
-            ("down-1", &n[1], "k8s.example.com"),
-            ("up-2", &n[2], "k8s.example.com"),
-            ("up-3", &n[3], "k8s.example.com"),
-        ],
+    let on = [("down-0", 0), ("down-1", 1), ("up-2", 2), ("up-3", 3)];
+    let e = example(
+        cluster(10, 2, limits(5, 0)).await?,
+        "k8s.example.com",
+        &on,
+        2,
     )
     .await?;
-    let admitted = admitted_settles_at(&c, &op, 2).await?;
-    assert_eq!(admitted, vec!["down-0", "down-1"]);
+    assert_eq!(e.admitted, vec!["down-0", "down-1"]);
     for name in ["down-0", "down-1"] {
-        wait_phase(&c.client, &c.ns, name, Phase::Ready, WAIT).await?;
+        wait_phase(&e.c.client, &e.c.ns, name, Phase::Ready, WAIT).await?;
     }
-    assert!(!node_unschedulable(&c.client, &n[2]).await?);
-    assert!(!node_unschedulable(&c.client, &n[3]).await?);
+    for node in &e.c.nodes[2..4] {
+        assert!(!node_unschedulable(&e.c.client, node).await?);
+    }
     // Lifting the limit lets the others go, without a restart.
-    set_config(&c.client, limits(5, 4)).await?;
-    admitted_settles_at(&c, &op, 4).await?;
-    monitor.finish().await?;
-    Ok(())
+    set_config(&e.c.client, limits(5, 4)).await?;
+    admitted_settles_at(&e.c, &e.op, 4).await?;
+    e.finish().await
 }
 
 #[tokio::test]
@@ -274,8 +264,7 @@ async fn ordering_prefers_requestors_in_progress_then_fewer_pending_then_older()
     let mut order = Vec::new();
     let mut previous = "x-1".to_string();
     for _ in 0..4 {
-        delete_request(&c.client, &c.ns, &previous).await?;
-        wait_request_gone(&c.client, &c.ns, &previous, WAIT).await?;
+        release_request(&c.client, &c.ns, &previous, WAIT).await?;
         let next = wait_for("the next admission", WAIT, || async {
             let admitted: Vec<String> = past_pending(&list_requests(&c.client, &c.ns).await?)
                 .into_iter()
@@ -296,25 +285,22 @@ async fn ordering_prefers_requestors_in_progress_then_fewer_pending_then_older()
     }
     // a-2: its requestor has a maintenance in progress; c-1: fewer pending than B; then B by age.
     assert_eq!(order, vec!["a-2", "c-1", "b-1", "b-2"]);
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
 
 #[tokio::test]
 async fn config_edits_apply_without_restart_and_deleting_it_restores_defaults() -> Result<()> {
-    let c = cluster(6, 0, limits(1, None)).await?;
-    let monitor = monitor(&c).await?;
-    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
-    let n = &c.nodes;
-    let specs: Vec<(String, NodeMaintenanceSpec)> = (0..5)
-        .map(|i| (format!("r{i}"), request_spec(&n[i], "cfg.example.com")))
-        .collect();
-    for (name, spec) in &specs {
-        create_request(&c.client, &c.ns, name, spec.clone()).await?;
-    }
-    admitted_settles_at(&c, &op, 1).await?;
+    let on = [("r0", 0), ("r1", 1), ("r2", 2), ("r3", 3), ("r4", 4)];
+    let e = example(
+        cluster(6, 0, limits(1, None)).await?,
+        "cfg.example.com",
+        &on,
+        1,
+    )
+    .await?;
+    let (c, op) = (&e.c, &e.op);
     set_config(&c.client, limits(3, None)).await?;
-    admitted_settles_at(&c, &op, 3).await?;
+    admitted_settles_at(c, op, 3).await?;
     // Without a config the default (maxParallelOperations 1) applies: 3 in progress, none more.
     kube::Api::<maintenance_crds::MaintenanceOperatorConfig>::namespaced(
         c.client.clone(),
@@ -322,14 +308,13 @@ async fn config_edits_apply_without_restart_and_deleting_it_restores_defaults() 
     )
     .delete("default", &Default::default())
     .await?;
-    let admitted = admitted_settles_at(&c, &op, 3).await?;
+    let admitted = admitted_settles_at(c, op, 3).await?;
     for name in &admitted {
         delete_request(&c.client, &c.ns, name).await?;
     }
     // With all three released, the default admits exactly one more.
-    admitted_settles_at(&c, &op, 1).await?;
-    monitor.finish().await?;
-    Ok(())
+    admitted_settles_at(c, op, 1).await?;
+    e.finish().await
 }
 
 /// Nodes whose request waits for admission with a drain to do carry our PreferNoSchedule taint,
@@ -459,12 +444,10 @@ async fn nodes_waiting_to_drain_are_tainted_so_evicted_pods_go_elsewhere() -> Re
     set_config(&c.client, limits(1, None)).await?;
     tainted(&[&n[1]], true).await?;
     // Admitted: the cordon takes over and the taint goes.
-    delete_request(&c.client, &c.ns, "r0").await?;
-    wait_request_gone(&c.client, &c.ns, "r0", WAIT).await?;
+    release_request(&c.client, &c.ns, "r0", WAIT).await?;
     wait_phase(&c.client, &c.ns, "r1", Phase::Ready, WAIT).await?;
     tainted(&[&n[1]], false).await?;
-    delete_request(&c.client, &c.ns, "r1").await?;
-    wait_request_gone(&c.client, &c.ns, "r1", WAIT).await?;
+    release_request(&c.client, &c.ns, "r1", WAIT).await?;
     let left = nodes_api
         .list(&ListParams::default())
         .await?
@@ -473,6 +456,5 @@ async fn nodes_waiting_to_drain_are_tainted_so_evicted_pods_go_elsewhere() -> Re
         .filter(has_pending_drain_taint)
         .count();
     ensure!(left == 0, "{left} nodes still carry the taint");
-    monitor.finish().await?;
-    Ok(())
+    monitor.held().await
 }
