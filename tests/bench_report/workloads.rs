@@ -11,7 +11,6 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Client;
@@ -283,7 +282,8 @@ pub async fn drain_cluster(
     for node in &spares {
         set_node_label(&client, node, POOL, Some(&ns)).await?;
     }
-    wait_pdbs_settled(&client, &ns, apps.len(), replicas, size.wait(pods), &step).await?;
+    let settled = (apps.len(), replicas, 0);
+    wait_pdbs_settled(&client, &ns, settled, size.wait(pods), |s| step.set(s)).await?;
     step.end(&format!(
         "{x} nodes x {} pods ({} PDBs) + a DaemonSet, {x} spare nodes",
         size.pods_per_node,
@@ -296,43 +296,6 @@ pub async fn drain_cluster(
         drained,
         pods: workload_pods,
     })
-}
-
-/// Waits until the `count` PDBs of `ns` count all `replicas` pods of their workload healthy, as
-/// the disruption controller reported for their current generation.
-pub async fn wait_pdbs_settled(
-    client: &Client,
-    ns: &str,
-    count: usize,
-    replicas: i32,
-    timeout: Duration,
-    step: &Step,
-) -> Result<()> {
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
-    wait_until(
-        "every PDB to count all its pods healthy",
-        timeout,
-        || async {
-            let list = pdbs.list(&ListParams::default()).await?.items;
-            let unsettled = list
-                .iter()
-                .filter(|p| {
-                    p.status.as_ref().is_none_or(|s| {
-                        s.observed_generation < p.metadata.generation
-                            || s.current_healthy != Some(replicas)
-                            || s.expected_pods != Some(replicas)
-                    })
-                })
-                .count();
-            step.set(format!("{unsettled} of {} PDBs not settled", list.len()));
-            Ok(if list.len() == count && unsettled == 0 {
-                Check::Done(())
-            } else {
-                Check::Pending(format!("{} PDBs, {unsettled} unsettled", list.len()))
-            })
-        },
-    )
-    .await
 }
 
 pub fn evictions_summary(
@@ -670,7 +633,8 @@ pub async fn fleet_cluster(size: &Size, who: &str, progress: &Progress) -> Resul
     let workload_pods = apps.len() * replicas;
     let pods = workload_pods + n;
     wait_pods(&client, &ns, pods, size.wait(pods), &step).await?;
-    wait_pdbs_settled(&client, &ns, budgets, replicas32, size.wait(pods), &step).await?;
+    let settled = (budgets, replicas32, 0);
+    wait_pdbs_settled(&client, &ns, settled, size.wait(pods), |s| step.set(s)).await?;
     step.end(&format!(
         "{n} nodes, {workload_pods} workload pods ({} workloads of {replicas}, {budgets} PDBs) + \
          a DaemonSet",

@@ -286,32 +286,16 @@ async fn preflight_names_what_blocks_and_passes_a_healthy_node() -> Result<()> {
     let kubeconfig = Some(testbed.kubeconfig_path());
 
     // On the risky node: one replica behind minAvailable 1, a bare pod, an emptyDir pod.
-    create_deployment(
-        &client,
-        &ns,
-        "db",
-        1,
-        &[("app", "db")],
-        &PodSpecOptions::on_node(risky),
-    )
-    .await?;
+    create_app_deployment(&client, &ns, "db", 1, &PodSpecOptions::on_node(risky)).await?;
     create_app_pdb(&client, &ns, "db", 1).await?;
     create_bare_pod(&client, &ns, "loner", risky, &BarePodOptions::default()).await?;
     let scratch = PodSpecOptions {
         empty_dir: true,
         ..PodSpecOptions::on_node(risky)
     };
-    create_deployment(&client, &ns, "scratch", 2, &[("app", "scratch")], &scratch).await?;
+    create_app_deployment(&client, &ns, "scratch", 2, &scratch).await?;
     // On the healthy node: two replicas paced by maxUnavailable 1; a DaemonSet on both.
-    create_deployment(
-        &client,
-        &ns,
-        "web",
-        2,
-        &[("app", "web")],
-        &PodSpecOptions::on_node(healthy),
-    )
-    .await?;
+    create_app_deployment(&client, &ns, "web", 2, &PodSpecOptions::on_node(healthy)).await?;
     create_pdb_max_unavailable(&client, &ns, "web", &[("app", "web")], IntOrString::Int(1)).await?;
     create_daemonset(
         &client,
@@ -425,7 +409,7 @@ async fn preflight_checks_that_the_evicted_pods_fit_elsewhere() -> Result<()> {
     let nodes = create_nodes_with(&client, &prefix, 3, &NodeOptions::sized("4", "8Gi")).await?;
     wait_nodes_ready(&client, &nodes, WAIT).await?;
     let big = PodSpecOptions::on_nodes_with_prefix(&prefix).requesting("3", "1Gi");
-    create_deployment(&client, &ns, "big", 2, &[("app", "big")], &big).await?;
+    create_app_deployment(&client, &ns, "big", 2, &big).await?;
     wait_pods_ready(&client, &ns, "app=big", 2, WAIT).await?;
     let mut occupied: Vec<String> = Api::<Pod>::namespaced(client.clone(), &ns)
         .list(&ListParams::default().labels("app=big"))
@@ -608,12 +592,11 @@ async fn pool(testbed: &Testbed, name: &str) -> Result<(Client, String, String, 
             )
             .await?;
     }
-    create_deployment(
+    create_app_deployment(
         &client,
         &ns,
         "web",
         4,
-        &[("app", "web")],
         &PodSpecOptions::on_nodes_with_prefix(&prefix),
     )
     .await?;

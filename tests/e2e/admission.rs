@@ -102,10 +102,7 @@ async fn prefer_drainable_passes_over_a_blocked_drain() -> Result<()> {
 
 #[tokio::test]
 async fn the_api_server_validates_admission() -> Result<()> {
-    let client = Testbed::shared().await?.client().await?;
-    apply_crds(&client).await?;
-    let ns = unique_name("admission-crd");
-    create_namespace(&client, &ns).await?;
+    let (client, ns) = crd_namespace("admission-crd").await?;
     let api: kube::Api<MaintenanceOperatorConfig> = kube::Api::namespaced(client.clone(), &ns);
     let with = |name: &str, max_pass_over_seconds: i32| {
         MaintenanceOperatorConfig::new(

@@ -33,7 +33,7 @@ async fn a_node_whose_pods_do_not_fit_waits_until_capacity_is_added() -> Result<
     let ns = unique_name("capacity");
     create_namespace(&client, &ns).await?;
     let pod = PodSpecOptions::on_nodes_with_prefix(&prefix).requesting("1500m", "1Gi");
-    create_deployment(&client, &ns, "web", 2, &[("app", "web")], &pod).await?;
+    create_app_deployment(&client, &ns, "web", 2, &pod).await?;
     let pods = wait_pods_ready(&client, &ns, "app=web", 2, WAIT).await?;
     let on_first: Vec<String> = pods
         .iter()
@@ -144,7 +144,7 @@ async fn rounds_with_every_slot_taken_read_no_pods() -> Result<()> {
     });
     let (testbed, client, ns, nodes) = own_cluster("capidle", 3, Some(config)).await?;
     let pod = PodSpecOptions::on_nodes_with_prefix("capidle");
-    create_deployment(&client, &ns, "web", 3, &[("app", "web")], &pod).await?;
+    create_app_deployment(&client, &ns, "web", 3, &pod).await?;
     wait_pods_ready(&client, &ns, "app=web", 3, WAIT).await?;
     // preferDrainable reads the pods of waiting nodes only when some budget exists.
     create_pdb_max_unavailable(&client, &ns, "web", &[("app", "web")], IntOrString::Int(1)).await?;

@@ -477,6 +477,20 @@ enum KillMoment {
     AfterPhaseChange,
 }
 
+/// A control plane of its own with these limits, the fleet of `node_count` nodes, and the watch
+/// of its requests and nodes.
+async fn chaos_cluster(
+    prefix: &str,
+    node_count: usize,
+    (max_parallel, max_unavailable): (usize, usize),
+) -> Result<(Testbed, Client, Fleet, Watch)> {
+    let config = limits(max_parallel as i32, max_unavailable as i32);
+    let (testbed, client) = own_testbed(Some(config)).await?;
+    let fleet = fleet(&client, prefix, node_count, (max_parallel, max_unavailable)).await?;
+    let watch = Watch::start(&client, &fleet);
+    Ok((testbed, client, fleet, watch))
+}
+
 #[tokio::test]
 async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
     let _turn = large_scenario_turn().await;
@@ -492,16 +506,8 @@ async fn crashes_at_random_moments_lose_nothing() -> Result<()> {
     let max_unavailable = max_parallel;
 
     let test_start = Instant::now();
-    let (testbed, client) =
-        own_testbed(Some(limits(max_parallel as i32, max_unavailable as i32))).await?;
-    let fleet = fleet(
-        &client,
-        "crash",
-        node_count,
-        (max_parallel, max_unavailable),
-    )
-    .await?;
-    let watch = Watch::start(&client, &fleet);
+    let bounds = (max_parallel, max_unavailable);
+    let (testbed, client, fleet, watch) = chaos_cluster("crash", node_count, bounds).await?;
     let operator_user = service_account_user("chaos-operator");
     let monitor = monitor_as(&testbed, &fleet.ns, &fleet.nodes, "chaos-operator").await?;
     let mut operator = Operator::start_as(&testbed, "chaos-operator", &[]).await?;
@@ -685,16 +691,8 @@ async fn leader_failovers_during_a_rollout() -> Result<()> {
     let node_count = 6 * (failovers + 1);
     let (max_parallel, max_unavailable) = (3, 3);
     let test_start = Instant::now();
-    let (testbed, client) =
-        own_testbed(Some(limits(max_parallel as i32, max_unavailable as i32))).await?;
-    let fleet = fleet(
-        &client,
-        "failover",
-        node_count,
-        (max_parallel, max_unavailable),
-    )
-    .await?;
-    let watch = Watch::start(&client, &fleet);
+    let bounds = (max_parallel, max_unavailable);
+    let (testbed, client, fleet, watch) = chaos_cluster("failover", node_count, bounds).await?;
     // The monitor's audit check follows one identity; the checks below cover both.
     let monitor = monitor_as(&testbed, &fleet.ns, &fleet.nodes, "replica-a").await?;
     let names = ["replica-a", "replica-b"];

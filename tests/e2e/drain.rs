@@ -527,15 +527,7 @@ async fn selection_skips_daemonset_and_mirror_pods_and_waits_for_force_and_delet
         empty_dir: true,
         ..PodSpecOptions::on_nodes_labelled(POOL, &ns)
     };
-    create_deployment(
-        &client,
-        &ns,
-        "scratch",
-        1,
-        &[("app", "scratch")],
-        &scratch_opts,
-    )
-    .await?;
+    create_app_deployment(&client, &ns, "scratch", 1, &scratch_opts).await?;
     let bare = |role: &str, empty_dir: bool, mirror: bool| BarePodOptions {
         labels: BTreeMap::from([("role".to_string(), role.to_string())]),
         annotations: if mirror {
@@ -1261,32 +1253,8 @@ async fn many_nodes_drain_in_parallel_within_pdbs_and_max_unavailable() -> Resul
     for node in &spares {
         set_node_label(&client, node, POOL, Some(&ns)).await?;
     }
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
-    wait_until(
-        "every PDB to count all its pods healthy",
-        setup_wait,
-        || async {
-            let list = pdbs.list(&ListParams::default()).await?.items;
-            let unsettled: Vec<String> = list
-                .iter()
-                .filter(|p| {
-                    p.status.as_ref().is_none_or(|s| {
-                        s.observed_generation < p.metadata.generation
-                            || s.current_healthy != Some(replicas)
-                            || s.expected_pods != Some(replicas)
-                            || s.disruptions_allowed.unwrap_or(0) < 1
-                    })
-                })
-                .map(|p| p.name_any())
-                .collect();
-            Ok(if list.len() == apps.len() && unsettled.is_empty() {
-                Check::Done(())
-            } else {
-                Check::Pending(format!("{} PDBs, unsettled {unsettled:?}", list.len()))
-            })
-        },
-    )
-    .await?;
+    let settled = (apps.len(), replicas, 1);
+    wait_pdbs_settled(&client, &ns, settled, setup_wait, drop).await?;
 
     // The monitor has its initial lists before the first request exists.
     let account = "scale-operator";

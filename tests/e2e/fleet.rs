@@ -288,10 +288,7 @@ fn nightly_in_berlin() -> MaintenanceWindow {
 
 #[tokio::test]
 async fn the_api_server_validates_budgets_and_windows() -> Result<()> {
-    let client = Testbed::shared().await?.client().await?;
-    apply_crds(&client).await?;
-    let ns = unique_name("fleet-crd");
-    create_namespace(&client, &ns).await?;
+    let (client, ns) = crd_namespace("fleet-crd").await?;
     let api: Api<MaintenanceOperatorConfig> = Api::namespaced(client.clone(), &ns);
 
     // The README's examples are accepted.

@@ -347,12 +347,11 @@ async fn nodes_waiting_to_drain_are_tainted_so_evicted_pods_go_elsewhere() -> Re
     };
     // Both pods start on the node maintained first; every node takes them afterwards.
     label(&n[0]).await?;
-    create_deployment(
+    create_app_deployment(
         &c.client,
         &c.ns,
         "web",
         2,
-        &[("app", "web")],
         &PodSpecOptions::on_nodes_labelled(pool, "yes"),
     )
     .await?;

@@ -1030,26 +1030,17 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
 
     let ns = unique_name("shop");
     create_namespace(&client, &ns).await?;
-    create_deployment(
+    create_app_deployment(
         &client,
         &ns,
         "guarded",
         1,
-        &[("app", "guarded")],
         &PodSpecOptions::on_node(&nodes[0]),
     )
     .await?;
     create_app_pdb(&client, &ns, "guarded", 1).await?;
     for (name, node) in [("web-a", &nodes[1]), ("web-b", &nodes[2])] {
-        create_deployment(
-            &client,
-            &ns,
-            name,
-            2,
-            &[("app", name)],
-            &PodSpecOptions::on_node(node),
-        )
-        .await?;
+        create_app_deployment(&client, &ns, name, 2, &PodSpecOptions::on_node(node)).await?;
     }
     wait_pods_ready(&client, &ns, "app=guarded", 1, 2 * MINUTE).await?;
     wait_pods_ready(&client, &ns, "app=web-a", 2, 2 * MINUTE).await?;

@@ -152,7 +152,7 @@ pub async fn two_nodes_with_a_web_deployment(
         termination_grace_period_seconds: Some(1),
         ..super::PodSpecOptions::on_nodes_with_prefix(&node_prefix)
     };
-    super::create_deployment(client, &ns, "web", 2, &[("app", "web")], &pod).await?;
+    super::create_app_deployment(client, &ns, "web", 2, &pod).await?;
     let pods = super::wait_pods_ready(client, &ns, "app=web", 2, two_minutes).await?;
     let node = super::pod_node(&pods[0])
         .context("pod without node")?

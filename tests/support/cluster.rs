@@ -316,6 +316,16 @@ pub async fn apply_crds(client: &Client) -> Result<Vec<CustomResourceDefinition>
     Ok(crds)
 }
 
+/// A namespace on the shared testbed, with the CRDs applied, for the tests of what the API server
+/// accepts; returns a client and the namespace.
+pub async fn crd_namespace(prefix: &str) -> Result<(Client, String)> {
+    let client = crate::Testbed::shared().await?.client().await?;
+    apply_crds(&client).await?;
+    let ns = crate::unique_name(prefix);
+    create_namespace(&client, &ns).await?;
+    Ok((client, ns))
+}
+
 /// Creating `obj` must fail with 422 (the CRD schema or a CEL rule refused it) and a message
 /// containing every one of `needles`.
 pub async fn expect_invalid<K>(api: &Api<K>, obj: &K, needles: &[&str]) -> Result<()>

@@ -214,6 +214,17 @@ pub async fn create_deployment(
     create_object(client, &deployment_object(ns, name, replicas, labels, pod)).await
 }
 
+/// A Deployment `app` whose pods carry the label `app=<app>`.
+pub async fn create_app_deployment(
+    client: &Client,
+    ns: &str,
+    app: &str,
+    replicas: i32,
+    pod: &PodSpecOptions,
+) -> Result<Deployment> {
+    create_deployment(client, ns, app, replicas, &[("app", app)], pod).await
+}
+
 /// A DaemonSet whose pods carry `labels`; it places a pod on every node that
 /// `pod.node_selector` allows (restrict it, or it covers every node of the testbed).
 pub async fn create_daemonset(
@@ -573,6 +584,51 @@ pub async fn wait_pdb_disruptions_allowed(
             )
         })
     })
+    .await
+}
+
+/// Waits until the `count` PodDisruptionBudgets of `ns` count all `replicas` pods of their
+/// workload healthy and allow `min_allowed` disruptions or more, as the disruption controller
+/// reported for their current generation; `progress` hears how many are not there yet.
+pub async fn wait_pdbs_settled(
+    client: &Client,
+    ns: &str,
+    (count, replicas, min_allowed): (usize, i32, i32),
+    timeout: Duration,
+    progress: impl Fn(String),
+) -> Result<()> {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let progress = &progress;
+    wait_until(
+        "every PDB to count all its pods healthy",
+        timeout,
+        || async {
+            let list = pdbs.list(&ListParams::default()).await?.items;
+            let unsettled: Vec<&str> = list
+                .iter()
+                .filter(|p| {
+                    p.status.as_ref().is_none_or(|s| {
+                        s.observed_generation < p.metadata.generation
+                            || s.current_healthy != Some(replicas)
+                            || s.expected_pods != Some(replicas)
+                            || s.disruptions_allowed.unwrap_or(0) < min_allowed
+                    })
+                })
+                .filter_map(|p| p.metadata.name.as_deref())
+                .collect();
+            progress(format!(
+                "{} of {} PDBs not settled",
+                unsettled.len(),
+                list.len()
+            ));
+            Ok(if list.len() == count && unsettled.is_empty() {
+                Check::Done(())
+            } else {
+                let first: Vec<&&str> = unsettled.iter().take(10).collect();
+                Check::Pending(format!("{} PDBs, unsettled {first:?}...", list.len()))
+            })
+        },
+    )
     .await
 }
 
