@@ -1,6 +1,6 @@
 //! `make bench`: performance workloads on real control planes (`tests/testbed/testbed`, KWOK
 //! nodes), with progress lines while they run and a dated report: `report.md` (tables, the goals
-//! of issue 13 marked met or missed), `report.json` and SVG charts.
+//! in docs/performance.md marked met or missed), `report.json` and SVG charts.
 //!
 //! - no drain: N requests on M nodes (maxParallelOperations P), each released once Ready;
 //!   requests/s and the operator's API calls per request by verb (from the audit log);
@@ -450,7 +450,7 @@ async fn run() -> Result<()> {
         report.rss = points;
     }
     report.goals = goals(&report);
-    println!("goals (issue 13):");
+    println!("goals (docs/performance.md):");
     for g in &report.goals {
         println!(
             "  {}: {} -> {}",

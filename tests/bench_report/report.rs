@@ -205,7 +205,7 @@ pub fn markdown(report: &Report, charts: &[(String, String)]) -> String {
 
     let _ = writeln!(
         md,
-        "## Goals (issue 13)\n\n| Goal | Target | Verdict |\n| --- | --- | --- |"
+        "## Goals (docs/performance.md)\n\n| Goal | Target | Verdict |\n| --- | --- | --- |"
     );
     for g in &report.goals {
         let _ = writeln!(md, "| {} | {} | {} |", g.what, g.target, g.verdict);
