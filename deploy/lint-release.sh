@@ -35,6 +35,6 @@ rm -rf "$dist"
 deploy/package-plugin.sh "$version" linux amd64 "target/$target/release" "$dist" >/dev/null
 deploy/krew/render.sh "$version" "$repository/releases/download/$version" "$dist" >"$dist/maintenance.yaml"
 # -skip-install: the install would download the release from GitHub, which does not exist yet
-# for this commit; tests/image.rs checks the archive against the rendered manifest instead.
+# for this commit; tests/release/image.rs checks the archive against the rendered manifest instead.
 "$validate" -manifest "$dist/maintenance.yaml" -skip-install
 echo "lint-release: validate-krew-manifest: $dist/maintenance.yaml is valid" >&2

@@ -1,6 +1,8 @@
 //! The `maintenance-operator` package: the operator binary's commands, shared with the
 //! `kubectl-maintenance` plugin.
 
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod api_calls;
 pub mod http;
 pub mod kubectl;

@@ -1,5 +1,7 @@
 //! `maintenance-operator`: run the operator, dry-run the scheduler, or print the CRDs.
 
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 use maintenance_operator::{plan, run};
 
 use clap::{Parser, Subcommand};

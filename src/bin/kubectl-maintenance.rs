@@ -34,6 +34,8 @@
 //! `kubectl maintenance <TAB>`. That is a binary of its own, or a symbolic link of that name to
 //! this one: called by that name, this binary answers the completion request instead.
 
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;

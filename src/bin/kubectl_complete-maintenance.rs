@@ -6,6 +6,8 @@
 //! cluster (`--kubeconfig`, else KUBECONFIG, else ~/.kube/config). A symbolic link of this name to
 //! `kubectl-maintenance` does the same (that is how a krew install adds it).
 
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write as _;
 use std::process::ExitCode;
 

@@ -87,7 +87,7 @@ fn manifests_text() -> Result<String> {
         "# maintenance-operator: the Helm chart deploy/chart/maintenance-operator rendered with its\n\
          # default values but without the admission webhook (webhook.enabled=false), for installing\n\
          # with kubectl (see deploy/README.md). Generated: do not edit; regenerate with\n\
-         # `MO_UPDATE_MANIFESTS=1 cargo test --test helm_chart`.\n{}",
+         # `MO_UPDATE_MANIFESTS=1 cargo test --test release helm_chart::`.\n{}",
         render_text(&["--set", "webhook.enabled=false"])?
     ))
 }
