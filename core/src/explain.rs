@@ -6,8 +6,10 @@
 //! are in maintenance"), and a thousand waiting requests rewritten every few seconds would be a
 //! steady load on the API server for nothing new. So a message whose cause is the same (still
 //! `maxParallelOperations`, with other counts) is refreshed at most every
-//! [`SAME_CAUSE_INTERVAL`]; a new cause (the slots are free now, but a window is closed) is
-//! written after [`EXPLAIN_INTERVAL`]; and at most [`EXPLAIN_PER_ROUND`] per round. A change of
+//! [`SAME_CAUSE_INTERVAL`]; a new cause (the slots are free now, but a window is closed; passed
+//! over for a drainable request; a config the operator cannot use) is written at once, in the
+//! round that found it, since a stale cause misleads; and at most [`EXPLAIN_PER_ROUND`] per
+//! round. A change of
 //! the limits is different: a person just edited the config and looks at the requests now, so
 //! messages written under the old limits are rewritten at once (still bounded per round; the rest
 //! follow in the next rounds without waiting for an interval).
@@ -20,8 +22,6 @@ use jiff::Timestamp;
 
 use crate::scheduler::{Limits, WaitCause};
 
-/// How often one request's message may be rewritten when its cause changed.
-pub const EXPLAIN_INTERVAL: Duration = Duration::from_secs(10);
 /// How often one request's message may be refreshed while its cause stays the same (only the
 /// counts in it moved).
 pub const SAME_CAUSE_INTERVAL: Duration = Duration::from_secs(60);
@@ -69,7 +69,8 @@ pub fn to_explain<K: Clone>(
         .filter(|w| match w.last {
             None => true,
             Some(last) if last.limits_epoch != limits_epoch => true,
-            Some(last) if last.cause != w.cause => passed(last.at, EXPLAIN_INTERVAL),
+            // A new cause is news: written at once (bounded per round), never left stale.
+            Some(last) if last.cause != w.cause => true,
             Some(last) => passed(last.at, SAME_CAUSE_INTERVAL),
         })
         .take(EXPLAIN_PER_ROUND)
@@ -212,9 +213,10 @@ mod tests {
         assert_eq!(to_explain(&list, 0, at(0)), ["a"]);
     }
 
-    /// Only the counts moved (same cause): refreshed once a minute. A new cause: after 10 s.
+    /// Only the counts moved (same cause): refreshed once a minute. A new cause (the pass-over,
+    /// a closed window, a config error): at once, even a moment after the last write.
     #[test]
-    fn same_limits_throttle_each_request_by_whether_its_cause_changed() {
+    fn same_limits_throttle_only_a_reason_whose_cause_is_the_same() {
         let list = [
             waiting("recent", "new", "old", explained(50, 3)),
             waiting("due", "new", "old", explained(40, 3)),
@@ -224,8 +226,17 @@ mod tests {
             cause: WaitCause::MaintenanceWindows,
             ..waiting("new-cause", "window closed", "old", explained(89, 3))
         };
-        assert!(to_explain(std::slice::from_ref(&window), 3, at(98)).is_empty());
-        assert_eq!(to_explain(&[window], 3, at(99)), ["new-cause"]);
+        assert_eq!(
+            to_explain(std::slice::from_ref(&window), 3, at(89)),
+            ["new-cause"]
+        );
+        for cause in [WaitCause::DrainBlocked, WaitCause::ConfigError] {
+            let changed = WaitingRequest {
+                cause,
+                ..waiting("changed", "other", "old", explained(100, 3))
+            };
+            assert_eq!(to_explain(&[changed], 3, at(100)), ["changed"], "{cause:?}");
+        }
     }
 
     #[test]

@@ -456,6 +456,28 @@ impl<'s> Round<'s> {
     }
 }
 
+/// Every Pending request, in admission order, waiting on a config the scheduler cannot use:
+/// nothing is admitted, and each says why in its Pending message, in place of a reason that no
+/// longer holds (a slot count under limits that cannot be read).
+pub fn waiting_on_config_error(snapshot: &Snapshot, error: &ScheduleError) -> Vec<Waiting> {
+    let reason = format!("nothing is admitted until the config is fixed: {error}");
+    pending_in_order(
+        snapshot,
+        &PreferDrainable::default(),
+        jiff::Timestamp::UNIX_EPOCH,
+    )
+    .into_iter()
+    .filter(|r| !r.deleting)
+    .map(|r| Waiting {
+        key: r.key(),
+        reason: reason.clone(),
+        cause: WaitCause::ConfigError,
+        budget: None,
+        group: None,
+    })
+    .collect()
+}
+
 /// The Pending requests in admission order ([`Ordering`]); with `preferDrainable`, those whose
 /// drain would wait on a budget move behind the others.
 fn pending_in_order<'s>(
@@ -1395,6 +1417,36 @@ mod tests {
                 admission_retry: None,
             }]
         );
+    }
+
+    /// A config the scheduler cannot use replaces every waiting request's reason, in order; the
+    /// ones being deleted and those past Pending say nothing.
+    #[test]
+    fn a_config_error_is_every_waiting_requests_reason() {
+        let mut deleting = pending("deleting", 2);
+        deleting.deleting = true;
+        let snapshot = Snapshot {
+            nodes: nodes(4, &[]),
+            requests: vec![
+                pending("b", 1),
+                pending("a", 0),
+                request("draining", 3, "upgrade.example.com", Phase::Draining),
+                deleting,
+            ],
+        };
+        let bad = limits(percent("lots"), None);
+        let err = schedule(&snapshot, &bad, at(0)).expect_err("an unreadable limit");
+        let waiting = waiting_on_config_error(&snapshot, &err);
+        let names: Vec<&str> = waiting.iter().map(|w| w.key.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        for entry in &waiting {
+            assert_eq!(entry.cause, WaitCause::ConfigError);
+            assert!(
+                entry.reason.contains("invalid limit") && entry.reason.contains("lots"),
+                "{}",
+                entry.reason
+            );
+        }
     }
 
     #[test]

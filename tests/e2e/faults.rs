@@ -692,6 +692,22 @@ async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
         &replica_args("slow-sync", &lease),
     )
     .await?;
+    // A replica is ready while it is a standby, so readiness alone may come before the lease (a
+    // run saw it 0.1 s after the start). Ready while it holds the Lease means synced: the
+    // Lease first, then readiness; the supervisor's lists start once it leads.
+    wait_for("the operator to hold the Lease", SETUP, || async {
+        Ok((lease_holder(&client, OPERATOR_NAMESPACE, OUR_LEASE)
+            .await?
+            .as_deref()
+            == Some("slow-sync"))
+        .then_some(()))
+    })
+    .await?;
+    let readyz = format!("http://127.0.0.1:{}/readyz", operator.metrics_port);
+    wait_for("the leader's caches to sync", SETUP, || async {
+        Ok((http_get(&readyz).await?.0 == 200).then_some(()))
+    })
+    .await?;
     let synced_after = started.elapsed();
     let delayed = proxy.stats().await?.delayed_lists;
     ensure!(

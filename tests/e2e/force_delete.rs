@@ -223,3 +223,75 @@ async fn a_budget_is_bypassed_past_the_deadline_and_only_with_it() -> Result<()>
     }
     monitor.held().await
 }
+
+/// `forceDeleteAfterSeconds` never fires early. For deadlines of 1 s and 10 s, five requests each
+/// (at once, on nodes of their own, each with a pod its budget never lets go): every pod's DELETE,
+/// as the API server recorded it, comes at least the deadline after the test's clock read just
+/// before the request was created, a lower bound of when its drain began. The previous rule
+/// counted from the whole second of the Draining condition: a 10 s deadline deleted 9.08-9.74 s
+/// after the drain began, and a 1 s one could delete almost at once.
+#[tokio::test]
+async fn the_escalation_deadline_never_fires_early() -> Result<()> {
+    const RUNS: usize = 5;
+    const DEADLINES: [i32; 2] = [1, 10];
+    let (client, ns, nodes) = isolated_setup("force-early", RUNS * DEADLINES.len()).await?;
+    let shared = shared_cluster().await?;
+    let runs: Vec<(usize, i32)> = DEADLINES
+        .iter()
+        .flat_map(|&deadline| (0..RUNS).map(move |_| deadline))
+        .enumerate()
+        .collect();
+    // The DELETE past the deadline is what this test asks for: those budgets are left out of the
+    // monitor's PDB check, and its pod-deletion check is done below from the audit log.
+    let scope = runs.iter().fold(Scope::new(&ns, &nodes), |scope, (i, _)| {
+        scope.excluding_pdb(&format!("early-{i}"))
+    });
+    let monitor = InvariantMonitor::start(shared.testbed, scope).await?;
+    let mut pods = Vec::new();
+    for (i, _) in &runs {
+        let pod =
+            blocked_workload(&client, &ns, &format!("early-{i}"), &nodes[*i], 1, WAIT).await?;
+        pods.push(pod[0].name_any());
+    }
+    let mut created = Vec::new();
+    for (i, deadline) in &runs {
+        let mut spec = request_spec(&nodes[*i], REQUESTOR);
+        spec.drain_spec = drain_with_deadline(Some(*deadline));
+        let before = jiff::Timestamp::now();
+        create_request(&client, &ns, &format!("early-{i}"), spec).await?;
+        created.push(before);
+    }
+    for (i, _) in &runs {
+        wait_phase(&client, &ns, &format!("early-{i}"), Phase::Ready, WAIT).await?;
+    }
+
+    let audit = AuditLog::read(shared.testbed)?.in_namespace(&ns);
+    let mut earliest: std::collections::BTreeMap<i32, f64> = Default::default();
+    for ((i, deadline), (pod, before)) in runs.iter().zip(pods.iter().zip(&created)) {
+        let deleted = audit
+            .pod_deletions
+            .iter()
+            .find(|d| &d.pod == pod && d.user == shared.operator_user && d.code == 200)
+            .with_context(|| {
+                format!("no DELETE of {ns}/{pod} (request early-{i}) by the operator")
+            })?;
+        let after = seconds_between(*before, deleted.received);
+        ensure!(
+            after >= f64::from(*deadline),
+            "request early-{i}: its pod was deleted {after:.3}s after the request was created, \
+             before its {deadline}s deadline"
+        );
+        let least = earliest.entry(*deadline).or_insert(f64::MAX);
+        *least = least.min(after);
+    }
+    for (deadline, after) in &earliest {
+        println!(
+            "forceDeleteAfterSeconds {deadline}: earliest DELETE {after:.3}s after the request was \
+             created ({RUNS} runs)"
+        );
+    }
+    for (i, _) in &runs {
+        release_request(&client, &ns, &format!("early-{i}"), WAIT).await?;
+    }
+    monitor.held().await
+}

@@ -457,3 +457,86 @@ async fn nodes_waiting_to_drain_are_tainted_so_evicted_pods_go_elsewhere() -> Re
     ensure!(left == 0, "{left} nodes still carry the taint");
     monitor.held().await
 }
+
+/// The messages of the Pending requests of `c`, once every one has a condition.
+async fn pending_messages(c: &Cluster) -> Result<Vec<String>> {
+    let all = list_requests(&c.client, &c.ns).await?;
+    Ok(all
+        .iter()
+        .filter(|r| r.phase() == Phase::Pending)
+        .map(|r| pending_message(r).unwrap_or_default().to_string())
+        .collect())
+}
+
+/// A config the operator cannot use (a window in a time zone that does not exist: the CRD cannot
+/// refuse it) replaces every waiting request's reason at once, naming the field; the fixed config
+/// puts the real reason back. With the previous binary the requests kept saying "no free slot:
+/// maxParallelOperations=1" and the cause was only in the log.
+#[tokio::test]
+async fn a_config_error_replaces_every_waiting_reason_at_once() -> Result<()> {
+    let on = [("r0", 0), ("r1", 1), ("r2", 2)];
+    let e = example(
+        cluster(4, 0, limits(1, None)).await?,
+        "cfg-error.example.com",
+        &on,
+        1,
+    )
+    .await?;
+    let c = &e.c;
+    let says_no_slot = |messages: &[String]| {
+        messages.len() == 2
+            && messages
+                .iter()
+                .all(|m| m.contains("maxParallelOperations=1"))
+    };
+    wait_for("both waiting requests to say why", WAIT, || async {
+        Ok(says_no_slot(&pending_messages(c).await?).then_some(()))
+    })
+    .await?;
+
+    let mut broken = limits(1, None);
+    broken.maintenance_windows = Some(vec![maintenance_crds::MaintenanceWindow {
+        schedule: "0 1 * * *".into(),
+        duration: "1h".into(),
+        time_zone: Some("Mars/Olympus_Mons".into()),
+    }]);
+    let edited = std::time::Instant::now();
+    set_config(&c.client, broken).await?;
+    // Rounds run on every change; 5 s leaves room for a loaded machine (a round takes ms).
+    wait_for(
+        "every waiting request to name the config error",
+        Duration::from_secs(5),
+        || async {
+            let messages = pending_messages(c).await?;
+            Ok((messages.len() == 2
+                && messages
+                    .iter()
+                    .all(|m| m.contains("Mars/Olympus_Mons") && m.contains("config")))
+            .then_some(()))
+        },
+    )
+    .await?;
+    eprintln!(
+        "config error shown on every waiting request {:.2} s after the edit",
+        edited.elapsed().as_secs_f64()
+    );
+    let past = past_pending(&list_requests(&c.client, &c.ns).await?);
+    ensure!(
+        past == e.admitted,
+        "nothing is admitted while the config is broken: {past:?}"
+    );
+
+    let fixed = std::time::Instant::now();
+    set_config(&c.client, limits(1, None)).await?;
+    wait_for(
+        "the real reason back on every waiting request",
+        Duration::from_secs(5),
+        || async { Ok(says_no_slot(&pending_messages(c).await?).then_some(())) },
+    )
+    .await?;
+    eprintln!(
+        "real reason back {:.2} s after the fix",
+        fixed.elapsed().as_secs_f64()
+    );
+    e.finish().await
+}

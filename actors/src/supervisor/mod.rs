@@ -26,7 +26,7 @@ use maintenance_core::gc;
 use maintenance_core::lifecycle;
 use maintenance_core::node_view;
 use maintenance_core::scheduler::{
-    self, Decision, Limits, NodeStates, RequestKey, Snapshot, WaitCause,
+    self, Decision, Limits, NodeStates, RequestKey, Snapshot, WaitCause, Waiting,
 };
 use maintenance_core::tracker::{AdmissionAnswer, Alarm, Cache, Tracker};
 use maintenance_crds::{
@@ -380,10 +380,13 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     .await;
     let reasons = match scheduler::schedule_observed(&snapshot, &limits, &prefer, &capacity, now) {
         Ok(decision) => execute(myself, state, decision, &cache, &limits, &policy, now),
+        // Every waiting request says so, in place of a reason that no longer holds.
         Err(err) => {
             tracing::error!(%err, "cannot schedule: fix the MaintenanceOperatorConfig");
             ctx.error("schedule");
-            HashMap::new()
+            let waiting = scheduler::waiting_on_config_error(&snapshot, &err);
+            ctx.metrics.set_waiting(waiting.iter().map(|w| w.cause));
+            explain(myself, state, waiting, &cache, &limits, &policy)
         }
     };
     // After admission: a request admitted in its first round gets no Pending write (it would make
@@ -568,10 +571,23 @@ fn execute(
             writes::admission::spawn_admission(myself, &ctx, request.clone(), node);
         }
     }
+    explain(myself, state, decision.waiting, cache, limits, policy)
+}
+
+/// The waiting requests' Pending messages (core's `explain` chooses which are rewritten now).
+/// Returns each one's reason, for the first Pending writes.
+fn explain(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    mut waiting: Vec<Waiting>,
+    cache: &Cache<'_>,
+    limits: &Limits,
+    policy: &gc::Policy,
+) -> HashMap<(String, String), (String, WaitCause)> {
     // A request for a node that does not exist says when it will be collected.
-    let mut waiting = decision.waiting;
     for entry in &mut waiting {
-        if let Some(request) = cache.request_named(&entry.key.namespace, &entry.key.name)
+        if entry.cause != WaitCause::ConfigError
+            && let Some(request) = cache.request_named(&entry.key.namespace, &entry.key.name)
             && !cache.node_exists(&request.spec.node_name)
         {
             entry.reason = gc::node_not_found_message(request, policy);
@@ -579,7 +595,7 @@ fn execute(
     }
     writes::pending::explain_waiting(
         myself,
-        &ctx,
+        &state.ctx.clone(),
         &mut state.explanations,
         &mut state.tracker,
         limits,

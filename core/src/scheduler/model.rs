@@ -345,10 +345,14 @@ pub enum WaitCause {
     /// Its admission writes failed; it waits for the retry (the reason has the error and the
     /// time) while the next request takes the slot.
     AdmissionRetry,
+    /// The MaintenanceOperatorConfig cannot be used (a limit, window, time zone or budget
+    /// selector the operator cannot read): nothing is admitted until it is fixed, and the
+    /// reason names the field.
+    ConfigError,
 }
 
 impl WaitCause {
-    pub const ALL: [WaitCause; 13] = [
+    pub const ALL: [WaitCause; 14] = [
         WaitCause::Deleting,
         WaitCause::NodeInMaintenance,
         WaitCause::NodeAdmittedThisRound,
@@ -362,6 +366,7 @@ impl WaitCause {
         WaitCause::InsufficientCapacity,
         WaitCause::CapacityUnknown,
         WaitCause::AdmissionRetry,
+        WaitCause::ConfigError,
     ];
 
     /// As in `plan -o json` and the `cause` label of the waiting-requests metric.
@@ -380,6 +385,7 @@ impl WaitCause {
             WaitCause::InsufficientCapacity => "insufficientCapacity",
             WaitCause::CapacityUnknown => "capacityUnknown",
             WaitCause::AdmissionRetry => "admissionRetry",
+            WaitCause::ConfigError => "configError",
         }
     }
 }
