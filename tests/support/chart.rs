@@ -29,11 +29,41 @@ pub struct ChartOnTestbed {
     pub docs: Vec<Value>,
 }
 
+/// Requests an earlier turn left (one whose drain the test blocked on purpose, say) would hold
+/// the chart config's one slot under this turn's operator: each turn starts without any. Their
+/// finalizers go first, as no operator of theirs runs any more; their cordons are undone by this
+/// turn's operator (the cordon mark of a request that is gone).
+async fn forget_requests_of_earlier_turns(client: &kube::Client) -> Result<()> {
+    use kube::ResourceExt;
+    use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+    use maintenance_crds::NodeMaintenance;
+    let all: Api<NodeMaintenance> = Api::all(client.clone());
+    for request in all.list(&ListParams::default()).await?.items {
+        let ns = request.namespace().unwrap_or_default();
+        let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
+        let name = request.name_any();
+        let clear = json!({ "metadata": { "finalizers": null } });
+        let _ = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&clear))
+            .await;
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(err) => {
+                return Err(err)
+                    .with_context(|| format!("deleting {ns}/{name} of an earlier turn"));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl ChartOnTestbed {
     pub async fn install() -> Result<ChartOnTestbed> {
         let turn = chart_turn().await;
         let testbed = Testbed::shared().await?;
         let client = testbed.client().await?;
+        forget_requests_of_earlier_turns(&client).await?;
         let dir = tempfile::tempdir()?;
         let docs = install_manifests(testbed, dir.path())?;
         Ok(ChartOnTestbed {
