@@ -38,7 +38,13 @@ async fn forget_requests_of_earlier_turns(client: &kube::Client) -> Result<()> {
     use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
     use maintenance_crds::NodeMaintenance;
     let all: Api<NodeMaintenance> = Api::all(client.clone());
-    for request in all.list(&ListParams::default()).await?.items {
+    let requests = match all.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        // The first turn: the CRDs are not installed yet, so there is nothing to forget.
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(err) => return Err(err).context("listing the requests of earlier turns"),
+    };
+    for request in requests {
         let ns = request.namespace().unwrap_or_default();
         let api: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
         let name = request.name_any();
