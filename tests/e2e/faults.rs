@@ -692,14 +692,15 @@ async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
         &replica_args("slow-sync", &lease),
     )
     .await?;
-    // A replica is ready while it is a standby, so readiness alone may come before the lease (a
-    // run saw it 0.1 s after the start). Ready while it holds the Lease means synced: the
-    // Lease first, then readiness; the supervisor's lists start once it leads.
-    wait_for("the operator to hold the Lease", SETUP, || async {
-        Ok((lease_holder(&client, OPERATOR_NAMESPACE, OUR_LEASE)
-            .await?
-            .as_deref()
-            == Some("slow-sync"))
+    // A replica is ready while it is a standby, so readiness alone may come before it leads (a
+    // CI run saw it 0.1 s after the start). The Lease seen taken is not enough either: the
+    // operator hears that its write went through a moment later, through the proxy. Its own
+    // `leader` gauge is set once it knows; ready while it leads means synced.
+    wait_for("the operator to know it leads", SETUP, || async {
+        Ok((operator
+            .metric("maintenance_operator_leader")
+            .await
+            .is_ok_and(|v| v == 1.0))
         .then_some(()))
     })
     .await?;
