@@ -354,6 +354,44 @@ impl ProcessMetrics {
 }
 
 impl Metrics {
+    /// A scheduling decision's gauges: free slots, room for unavailable nodes, each budget's
+    /// groups, and the waiting requests by cause.
+    pub fn record_decision(&self, decision: &maintenance_core::scheduler::Decision) {
+        self.available_slots
+            .set(i64::from(decision.available_slots));
+        self.can_become_unavailable
+            .set(decision.can_become_unavailable.map_or(-1, i64::from));
+        let samples: Vec<BudgetSample<'_>> = decision
+            .budgets
+            .iter()
+            .flat_map(|budget| {
+                budget.groups.iter().map(|group| BudgetSample {
+                    budget: &budget.name,
+                    group: group.group.as_deref().unwrap_or_default(),
+                    available_slots: group.available_slots,
+                    can_become_unavailable: group.can_become_unavailable,
+                })
+            })
+            .collect();
+        self.set_budgets(&samples);
+        self.set_waiting(decision.waiting.iter().map(|w| w.cause));
+    }
+
+    /// The requests gauge: how many requests the cache shows in each phase (0 for the others).
+    pub fn count_phases(&self, phases: impl IntoIterator<Item = maintenance_crds::Phase>) {
+        let mut counts: HashMap<maintenance_crds::Phase, i64> = maintenance_crds::Phase::ALL
+            .iter()
+            .map(|p| (*p, 0))
+            .collect();
+        for phase in phases {
+            *counts.entry(phase).or_default() += 1;
+        }
+        for (phase, count) in counts {
+            self.requests
+                .with_label_values(&[phase.as_str()])
+                .set(count);
+        }
+    }
     /// Every metric, registered, with the label sets known in advance exported at 0.
     pub fn new() -> Result<Metrics, MetricsError> {
         let RequestMetrics {

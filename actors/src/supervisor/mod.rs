@@ -31,14 +31,12 @@ use maintenance_core::scheduler::{
 use maintenance_core::tracker::{AdmissionAnswer, Alarm, Cache, Tracker};
 use maintenance_crds::{
     DEFAULT_CONFIG_NAME, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, NodeMaintenance,
-    Phase,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::time::Instant;
 
 use crate::context::Context;
 use crate::evictor::EvictionRate;
-use crate::metrics::BudgetSample;
 use crate::request_actor::{RequestActor, RequestArgs, RequestMsg};
 use crate::task::AbortOnDrop;
 use crate::writes::{self, admission::AdmitOutcome};
@@ -366,7 +364,7 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     let policy = collection_policy(&ctx, config.as_ref());
     collect_garbage(myself, state, &requests, &cache, &policy, now).await;
     let snapshot = snapshot(myself, state, &requests, &nodes, &cache);
-    update_phase_gauge(&ctx, &requests);
+    ctx.metrics.count_phases(requests.iter().map(|r| r.phase()));
     let limits = Limits::from_config(config.as_ref());
     let (prefer, capacity) = observe_for_admission(
         state,
@@ -541,7 +539,7 @@ fn execute(
     now: jiff::Timestamp,
 ) -> HashMap<(String, String), (String, WaitCause)> {
     let ctx = state.ctx.clone();
-    record_decision(&ctx, &decision);
+    ctx.metrics.record_decision(&decision);
     wake_at(
         myself,
         &mut state.wakes.window,
@@ -608,30 +606,6 @@ fn explain(
         .collect()
 }
 
-fn record_decision(ctx: &Context, decision: &Decision) {
-    let metrics = &ctx.metrics;
-    metrics
-        .available_slots
-        .set(i64::from(decision.available_slots));
-    metrics
-        .can_become_unavailable
-        .set(decision.can_become_unavailable.map_or(-1, i64::from));
-    let samples: Vec<BudgetSample<'_>> = decision
-        .budgets
-        .iter()
-        .flat_map(|budget| {
-            budget.groups.iter().map(|group| BudgetSample {
-                budget: &budget.name,
-                group: group.group.as_deref().unwrap_or_default(),
-                available_slots: group.available_slots,
-                can_become_unavailable: group.can_become_unavailable,
-            })
-        })
-        .collect();
-    metrics.set_budgets(&samples);
-    metrics.set_waiting(decision.waiting.iter().map(|w| w.cause));
-}
-
 /// A round is arranged (by `message`) just after `due` rather than at the next safety-net tick:
 /// when a window opens, an admission's backoff ends, a request is due for collection.
 fn wake_at(
@@ -687,19 +661,6 @@ async fn collect_garbage(
         || SupervisorMsg::CollectionDue,
     );
     writes::gc::delete_collected(&state.ctx, sweep.collect).await;
-}
-
-fn update_phase_gauge(ctx: &Context, requests: &[Arc<NodeMaintenance>]) {
-    let mut counts: HashMap<Phase, i64> = Phase::ALL.iter().map(|p| (*p, 0)).collect();
-    for request in requests {
-        *counts.entry(request.phase()).or_default() += 1;
-    }
-    for (phase, count) in counts {
-        ctx.metrics
-            .requests
-            .with_label_values(&[phase.as_str()])
-            .set(count);
-    }
 }
 
 /// Keeps one request actor per request in progress and forwards each new version to it.
