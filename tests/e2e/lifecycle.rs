@@ -471,3 +471,71 @@ async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> 
     assert_eq!(mark_of(after), None, "the uncordon removes the mark");
     Ok(())
 }
+
+/// The phase timers never fire early: `drainSpec.timeoutSeconds` (the `Failed`/`DrainTimeout`
+/// condition) and `waitForPodCompletion.timeoutSeconds` (the move on to Ready), three requests
+/// each, with pods that never finish and a budget that never lets go. Each is seen by this test,
+/// polling, no sooner than the timeout after the test's clock read just before the request was
+/// created, a lower bound of when its phase began. The previous rule counted from the whole
+/// second of the phase's condition and fired up to a second early.
+#[tokio::test]
+async fn phase_timeouts_never_fire_early() -> Result<()> {
+    const RUNS: usize = 3;
+    const TIMEOUT: i32 = 2;
+    let (client, ns, nodes) = isolated_setup("timers", 2 * RUNS).await?;
+    let shared = shared_cluster().await?;
+    let monitor = InvariantMonitor::start(shared.testbed, Scope::new(&ns, &nodes)).await?;
+    let mut created = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let app = format!("timer-{i}");
+        blocked_workload(&client, &ns, &app, node, 1, WAIT).await?;
+        let mut spec = request_spec(node, "timers.example.com");
+        if i < RUNS {
+            spec.drain_spec = Some(maintenance_crds::DrainSpec {
+                timeout_seconds: Some(TIMEOUT),
+                ..Default::default()
+            });
+        } else {
+            spec.wait_for_pod_completion = Some(maintenance_crds::WaitForPodCompletionSpec {
+                pod_selector: Some(format!("app={app}")),
+                timeout_seconds: Some(TIMEOUT),
+            });
+        }
+        let before = jiff::Timestamp::now();
+        create_request(&client, &ns, &app, spec).await?;
+        created.push((app, before));
+    }
+    let mut earliest = [f64::MAX; 2];
+    for (i, (name, before)) in created.iter().enumerate() {
+        let drain = i < RUNS;
+        let what = if drain {
+            "Failed with DrainTimeout"
+        } else {
+            "past WaitForPodCompletion"
+        };
+        wait_request(&client, &ns, name, what, WAIT, |r| {
+            if drain {
+                r.condition(maintenance_crds::condition_type::FAILED)
+                    .is_some_and(|c| c.reason == "DrainTimeout")
+            } else {
+                r.phase() == Phase::Ready
+            }
+        })
+        .await?;
+        let seen = jiff::Timestamp::now().duration_since(*before).as_secs_f64();
+        ensure!(
+            seen >= f64::from(TIMEOUT),
+            "{name}: {what} {seen:.3}s after the request was created, before its {TIMEOUT}s timeout"
+        );
+        earliest[usize::from(!drain)] = earliest[usize::from(!drain)].min(seen);
+    }
+    println!(
+        "timeoutSeconds {TIMEOUT}: drain timeout seen {:.3}s at the earliest, wait timeout {:.3}s \
+         ({RUNS} runs each)",
+        earliest[0], earliest[1]
+    );
+    for (name, _) in &created {
+        release_request(&client, &ns, name, WAIT).await?;
+    }
+    monitor.held().await
+}
