@@ -45,7 +45,7 @@ fn require(tool: &str, package: &str) -> Result<()> {
 }
 
 /// The OCI archive of `make image`, built once if absent.
-fn image_archive() -> Result<PathBuf> {
+pub(crate) fn image_archive() -> Result<PathBuf> {
     static ARCHIVE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let archive = ARCHIVE.get_or_init(|| {
         let path = repo().join(format!(

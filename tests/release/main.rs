@@ -10,3 +10,4 @@
 mod grafana_dashboard;
 mod helm_chart;
 mod image;
+mod real_node;

@@ -106,11 +106,32 @@ pub fn stdout_of(
     Ok(stdout)
 }
 
+/// The name of the real node of `testbed up --real-node`.
+pub const REAL_NODE: &str = "real-0";
+
+/// Tests that start a real node take turns: a machine runs one at a time.
+pub async fn real_node_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
 impl Testbed {
     /// Starts a control plane of its own in a new temporary directory. It stops when this value
     /// is dropped, or when this process exits in any way (the script watches our pid).
     /// `MO_TESTBED_KEEP=1` keeps the directory (logs, kubeconfig) for a post-mortem.
     pub async fn start() -> Result<Testbed> {
+        Testbed::start_with(&[]).await
+    }
+
+    /// Starts a control plane of its own with one real kubelet node, `real-0` ([`REAL_NODE`]):
+    /// containerd, runc and a CNI bridge on this machine (`testbed up --real-node`; root only, one
+    /// per machine, so callers take [`real_node_turn`]). Stopping it puts the host back as it was,
+    /// and fails if it cannot.
+    pub async fn start_with_real_node() -> Result<Testbed> {
+        Testbed::start_with(&["--real-node"]).await
+    }
+
+    async fn start_with(options: &[&str]) -> Result<Testbed> {
         run_testbed(&["build"]).await?;
         let dir = tempfile::Builder::new()
             .prefix("mo-testbed-")
@@ -123,6 +144,7 @@ impl Testbed {
         if !keep_dirs() {
             args.push("--rm-dir-on-exit");
         }
+        args.extend_from_slice(options);
         let out = match run_testbed(&args).await {
             Ok(out) => out,
             Err(e) => {
@@ -203,6 +225,23 @@ impl Testbed {
         let mut config = self.config().await?;
         config.default_retry = false;
         Ok(Client::try_from(config)?)
+    }
+}
+
+impl Testbed {
+    /// Stops a testbed this process started and fails if `down` does: with a real node, when the
+    /// host still shows something of the node afterwards.
+    pub async fn stop(mut self) -> Result<()> {
+        if !self.owned {
+            return Ok(());
+        }
+        self.owned = false;
+        let dir = self.dir.to_string_lossy().into_owned();
+        let result = run_testbed(&["down", "--dir", &dir, "--quiet"]).await;
+        if !keep_dirs() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        result.map(drop)
     }
 }
 
