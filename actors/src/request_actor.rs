@@ -3,7 +3,8 @@
 //! them, asks the step what to do, and executes it: cordon, evictions, status, events, the
 //! finalizer. It holds no lifecycle decision of its own; what it remembers (the eviction ledger)
 //! costs at most one extra call to lose, so a restarted actor (or operator) resumes from the
-//! object.
+//! object. It tells the ledger what it learns as `LedgerEvent`s, and does what the ledger's
+//! outlook asks (the PDBs to watch, the covering PDBs to look up, the calls to cancel).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +25,8 @@ use maintenance_core::drain_plan;
 use maintenance_core::eviction::{DeleteOutcome, EvictionOutcome};
 use maintenance_core::failed_step::{self, StepCall};
 use maintenance_core::lifecycle::{
-    self, Action, EventReason, EvictionOrder, ForceDeleteOrder, Ledger, NodeView, Observed, Step,
+    self, Action, EventReason, EvictionOrder, ForceDeleteOrder, Ledger, LedgerEvent, LedgerOutlook,
+    NodeView, Observed, Step,
 };
 use maintenance_core::pod_view::CachedPod;
 use maintenance_crds::{
@@ -89,8 +91,8 @@ pub struct RequestArgs {
 impl Drop for RequestActorState {
     fn drop(&mut self) {
         self.ctx.metrics.node_actors.dec();
-        self.ledger.clear();
-        report_metrics(self, None);
+        // An actor that is gone blocks nothing and watches no progress.
+        report_metrics(self, BTreeMap::new(), None);
     }
 }
 
@@ -200,26 +202,27 @@ impl RequestActorState {
 
     /// Takes in what a message says; every message is followed by a step, which acts on it.
     fn take_in(&mut self, msg: RequestMsg, now: jiff::Timestamp) {
-        match msg {
+        let learned = match msg {
             RequestMsg::Updated(request) => {
                 if lifecycle::is_newer_version(&request, &self.request) {
                     self.request = request;
                 }
+                None
             }
             RequestMsg::Step => {
                 if self.next_step_at.is_some_and(|at| at <= Instant::now()) {
                     self.next_step_at = None;
                 }
+                None
             }
             RequestMsg::PodsChanged => {
                 if let Some(watch) = &self.pods {
                     watch.queued.store(false, Ordering::Release);
                 }
+                None
             }
             RequestMsg::PdbChanged { namespace, name } => {
-                // Every waiter is woken; the evictor's per-budget gate lets as many calls through
-                // as the budget allows and holds the rest without a call.
-                self.ledger.wake_blocked_by(&namespace, &name, now);
+                Some(LedgerEvent::PdbChanged { namespace, name })
             }
             RequestMsg::Evicted {
                 key,
@@ -229,10 +232,17 @@ impl RequestActorState {
             } => {
                 tracing::debug!(pod = %key, outcome = ?outcome, "eviction answered");
                 self.call_answered(&key, call);
-                self.ledger
-                    .record(&key, uid.as_deref(), outcome, now, rand::random::<f64>());
+                Some(LedgerEvent::EvictionAnswered {
+                    key,
+                    uid,
+                    outcome,
+                    jitter: rand::random::<f64>(),
+                })
             }
-            RequestMsg::RequestGone => self.gone = true,
+            RequestMsg::RequestGone => {
+                self.gone = true;
+                None
+            }
             RequestMsg::ForceDeleted {
                 key,
                 uid,
@@ -241,14 +251,17 @@ impl RequestActorState {
             } => {
                 tracing::debug!(pod = %key, outcome = ?outcome, "deletion past the deadline answered");
                 self.call_answered(&key, call);
-                self.ledger.record_force_delete(
-                    &key,
-                    uid.as_deref(),
+                Some(LedgerEvent::ForceDeleteAnswered {
+                    key,
+                    uid,
                     outcome,
-                    now,
-                    rand::random::<f64>(),
-                );
+                    jitter: rand::random::<f64>(),
+                })
             }
+        };
+        if let Some(event) = learned {
+            // No answer or budget change names a call to cancel; the step after it settles them.
+            self.ledger.observe(event, now);
         }
     }
 }
@@ -408,18 +421,13 @@ async fn run_step(
     let pdb_summaries = pdb_summaries(state);
     let observed = Observed {
         node,
+        request_gone: state.gone,
         pods: pods.as_deref(),
         pdb_summaries: &pdb_summaries,
         operator: &state.ctx.identity,
     };
     let now = jiff::Timestamp::now();
-    // A request gone without our cleanup: only what it did to the node is undone.
-    let step = if state.gone {
-        state.ledger.clear();
-        lifecycle::on_request_gone(&state.request, node)
-    } else {
-        lifecycle::step(&state.request, &observed, now, &mut state.ledger)
-    };
+    let step = lifecycle::step(&state.request, &observed, now, &mut state.ledger);
     tracing::trace!(request = %state.key(), phase = %state.request.phase(), actions = step.actions.len(), "step");
     // The snapshot goes before the calls: held across them, a pod that changes meanwhile would
     // be kept twice (the snapshot's version and the cache's) by every actor waiting for the API.
@@ -436,8 +444,12 @@ async fn run_step(
     // ledger no longer waits for are cancelled.
     settle_calls(state);
     // The gauges too: a step that keeps failing must show its drain's lack of progress.
-    sync_pdb_subscriptions(myself, state);
-    report_metrics(state, step.last_progress);
+    sync_pdb_subscriptions(myself, state, &step.ledger_outlook);
+    report_metrics(
+        state,
+        step.ledger_outlook.blocked_by_pdb,
+        step.last_progress,
+    );
     executed?;
     if step.finished {
         finish(myself, state, node);
@@ -459,7 +471,7 @@ async fn run_step(
 /// that fails must not hold the step (a deletion's uncordon, a gone node's release); the next
 /// step looks again.
 async fn look_up_covering_pdbs(state: &mut RequestActorState) {
-    for key in state.ledger.needs_covering_pdbs() {
+    for key in state.ledger.outlook().covering_pdbs_wanted {
         let Some(pod) = state.pods.as_ref().and_then(|watch| {
             watch
                 .store
@@ -470,7 +482,10 @@ async fn look_up_covering_pdbs(state: &mut RequestActorState) {
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         match covering_pdbs(&state.ctx, &namespace, &labels).await {
-            Ok(pdbs) => state.ledger.set_covering_pdbs(&key, pdbs),
+            Ok(pdbs) => {
+                let learned = LedgerEvent::CoveringPdbs { key, pdbs };
+                state.ledger.observe(learned, jiff::Timestamp::now());
+            }
             Err(err) => {
                 tracing::warn!(request = %state.key(), pod = %key, %err, "could not look up the PodDisruptionBudgets of a pod that several select");
                 break;
@@ -493,10 +508,10 @@ fn cached_pods(state: &RequestActorState) -> Option<Vec<Arc<CachedPod>>> {
 fn pdb_summaries(state: &RequestActorState) -> BTreeMap<String, String> {
     state
         .ledger
-        .pdbs_waited_on()
-        .into_iter()
+        .outlook()
+        .pdbs_to_watch()
         .filter_map(|(namespace, name)| {
-            let summary = state.ctx.pdbs.current(&namespace, &name)?;
+            let summary = state.ctx.pdbs.current(namespace, name)?;
             Some((format!("{namespace}/{name}"), summary.to_string()))
         })
         .collect()
@@ -505,7 +520,8 @@ fn pdb_summaries(state: &RequestActorState) -> BTreeMap<String, String> {
 /// Tells the ledger which calls still run; those it no longer waits for are cancelled.
 fn settle_calls(state: &mut RequestActorState) {
     let running: BTreeSet<String> = state.calls.keys().cloned().collect();
-    for key in state.ledger.settle_calls(&running, jiff::Timestamp::now()) {
+    let learned = LedgerEvent::CallsRunning { running };
+    for key in state.ledger.observe(learned, jiff::Timestamp::now()) {
         state.calls.remove(&key);
     }
 }
@@ -621,7 +637,9 @@ async fn execute_action(
         Action::WriteStatus(write) => {
             let updated = state.ctx.apply_status_write(&state.request, write).await?;
             state.request = Arc::new(updated);
-            state.ledger.last_status_write = Some(jiff::Timestamp::now());
+            state
+                .ledger
+                .observe(LedgerEvent::StatusWritten, jiff::Timestamp::now());
         }
         Action::Event(event) => {
             let request = state.request.clone();
@@ -859,10 +877,14 @@ fn ensure_pod_watch(myself: &ActorRef<RequestMsg>, state: &mut RequestActorState
     });
 }
 
-/// Keeps the shared gauges in step with the ledger: pods blocked per PDB, and while draining the
-/// seconds since the last progress. Label sets go when the request no longer needs them.
-fn report_metrics(state: &mut RequestActorState, last_progress: Option<jiff::Timestamp>) {
-    let now = state.ledger.blocked_by_pdb();
+/// Keeps the shared gauges in step with the ledger: pods blocked per PDB (`now`, as the step's
+/// ledger outlook counts them), and while draining the seconds since the last progress. Label
+/// sets go when the request no longer needs them.
+fn report_metrics(
+    state: &mut RequestActorState,
+    now: BTreeMap<(String, String), usize>,
+    last_progress: Option<jiff::Timestamp>,
+) {
     let metrics = &state.ctx.metrics;
     // A budget that blocks a drain with a deadline gets its force-deletion series at 0 now, so
     // that Prometheus sees the first deletion as an increase (a counter born at 1 shows none).
@@ -933,18 +955,20 @@ async fn covering_pdbs(
     Ok(names)
 }
 
-/// Keeps one PDB subscription per PDB that blocks one of our pods, and drops the others.
-fn sync_pdb_subscriptions(myself: &ActorRef<RequestMsg>, state: &mut RequestActorState) {
-    let wanted = state.ledger.pdbs_waited_on();
-    state.pdb_watches.retain(|key, _| wanted.contains(key));
-    for (namespace, name) in wanted {
-        if state
-            .pdb_watches
-            .contains_key(&(namespace.clone(), name.clone()))
-        {
+/// Keeps one PDB subscription per PDB that the step's ledger outlook says blocks one of our pods,
+/// and drops the others.
+fn sync_pdb_subscriptions(
+    myself: &ActorRef<RequestMsg>,
+    state: &mut RequestActorState,
+    outlook: &LedgerOutlook,
+) {
+    state.pdb_watches.retain(|key, _| outlook.watches(key));
+    for key in outlook.pdbs_to_watch() {
+        if state.pdb_watches.contains_key(key) {
             continue;
         }
-        let mut changes = state.ctx.pdbs.subscribe(&namespace, &name);
+        let (namespace, name) = key;
+        let mut changes = state.ctx.pdbs.subscribe(namespace, name);
         // The PDB may have changed between the refusal and now: look at its current state first.
         changes.mark_changed();
         let actor = myself.clone();
@@ -967,9 +991,7 @@ fn sync_pdb_subscriptions(myself: &ActorRef<RequestMsg>, state: &mut RequestActo
                 }
             }
         });
-        state
-            .pdb_watches
-            .insert((namespace, name), AbortOnDrop(task));
+        state.pdb_watches.insert(key.clone(), AbortOnDrop(task));
     }
 }
 
@@ -1033,7 +1055,7 @@ mod tests {
         let metrics = ctx.metrics.clone();
         let mut state = state(ctx);
         assert_eq!(metrics.node_actors.get(), 1);
-        report_metrics(&mut state, Some(jiff::Timestamp::now()));
+        report_metrics(&mut state, BTreeMap::new(), Some(jiff::Timestamp::now()));
         metrics.add_pods_blocked_by_pdb("team", "db", 2);
         state
             .reported_pdbs

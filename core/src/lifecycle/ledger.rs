@@ -1,5 +1,10 @@
 //! The node actor's memory between steps: the eviction ledger (each pod's calls, their answers
 //! and retries, deletions past the escalation deadline) and what throttles the drain status.
+//!
+//! The actor talks to it through one narrow interface: what it learns goes in as a
+//! [`LedgerEvent`] ([`Ledger::observe`]), and what it must do about the ledger comes out as a
+//! [`LedgerOutlook`] (on every [`super::Step`], and from [`Ledger::outlook`] before a step). The
+//! step itself reads and updates the rest.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -49,23 +54,115 @@ pub struct ForceDelete {
 }
 
 /// What the actor remembers between steps: evictions per pod (`namespace/name`), and what it
-/// needs to throttle status writes and measure progress.
+/// needs to throttle status writes and measure progress. Only the lifecycle reads its fields; the
+/// actor holds it, feeds it [`LedgerEvent`]s and hands it to [`super::step`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
-    pub evictions: BTreeMap<String, PodEviction>,
-    pub last_status_write: Option<Timestamp>,
+    pub(super) evictions: BTreeMap<String, PodEviction>,
+    pub(super) last_status_write: Option<Timestamp>,
     /// Largest (totalPods, evictionPods) seen in this drain: the counts only grow.
-    pub drain_counts: (usize, usize),
-    pub last_progress: Option<Timestamp>,
+    pub(super) drain_counts: (usize, usize),
+    pub(super) last_progress: Option<Timestamp>,
     pub(super) last_remaining: Option<usize>,
     /// Deletions past the escalation deadline that the API server accepted in this drain, until
     /// they are in `status.drain.forceDeleted` (which a restarted actor reads back).
-    pub force_deleted: Vec<ForceDeletedPod>,
+    pub(super) force_deleted: Vec<ForceDeletedPod>,
+}
+
+/// What the actor learns outside the step and tells the ledger ([`Ledger::observe`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LedgerEvent {
+    /// The answer to one eviction call. `jitter` in [0, 1), drawn by the actor, spreads the
+    /// retries of many pods.
+    EvictionAnswered {
+        key: String,
+        uid: Option<String>,
+        outcome: EvictionOutcome,
+        jitter: f64,
+    },
+    /// The answer to one deletion past the escalation deadline (`jitter` as above).
+    ForceDeleteAnswered {
+        key: String,
+        uid: Option<String>,
+        outcome: DeleteOutcome,
+        jitter: f64,
+    },
+    /// A PDB that blocked some of our pods now allows a disruption (or is gone).
+    PdbChanged { namespace: String, name: String },
+    /// The PDBs that select a pod refused because several do, as the actor looked them up for
+    /// [`LedgerOutlook::covering_pdbs_wanted`].
+    CoveringPdbs { key: String, pdbs: Vec<String> },
+    /// The calls (evictions, deletions, by pod key) the actor has running after a step's actions
+    /// ran or one of them failed.
+    CallsRunning { running: BTreeSet<String> },
+    /// A status write went through: the next drain progress write counts from it.
+    StatusWritten,
+}
+
+/// What the actor must do about the ledger: which PDBs to watch and show in its gauges, and which
+/// pods' covering PDBs to look up. Every [`super::Step`] carries the one after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LedgerOutlook {
+    /// How many of our pods each PDB, as (namespace, name), blocks now: the
+    /// `pods_blocked_by_pdb` gauge.
+    pub blocked_by_pdb: BTreeMap<(String, String), usize>,
+    /// Pods (`namespace/name`) refused because several PDBs select them, whose PDBs the actor has
+    /// not looked up (from the pod's labels in its cache; the API server's 500 does not name
+    /// them). Each answer goes back as [`LedgerEvent::CoveringPdbs`].
+    pub covering_pdbs_wanted: Vec<String>,
+}
+
+impl LedgerOutlook {
+    /// The PDBs our pods wait on now, as (namespace, name): the actor subscribes to exactly these
+    /// and summarises them for the status.
+    pub fn pdbs_to_watch(&self) -> impl Iterator<Item = &(String, String)> {
+        self.blocked_by_pdb.keys()
+    }
+
+    /// Whether our pods wait on this PDB (namespace, name) now.
+    pub fn watches(&self, pdb: &(String, String)) -> bool {
+        self.blocked_by_pdb.contains_key(pdb)
+    }
 }
 
 impl Ledger {
+    /// Takes in one thing the actor learned at `now`. Returns the running calls the ledger no
+    /// longer waits for, which the actor cancels: only [`LedgerEvent::CallsRunning`] names any.
+    pub fn observe(&mut self, event: LedgerEvent, now: Timestamp) -> Vec<String> {
+        match event {
+            LedgerEvent::EvictionAnswered {
+                key,
+                uid,
+                outcome,
+                jitter,
+            } => self.record(&key, uid.as_deref(), outcome, now, jitter),
+            LedgerEvent::ForceDeleteAnswered {
+                key,
+                uid,
+                outcome,
+                jitter,
+            } => self.record_force_delete(&key, uid.as_deref(), outcome, now, jitter),
+            LedgerEvent::PdbChanged { namespace, name } => {
+                self.wake_blocked_by(&namespace, &name, now);
+            }
+            LedgerEvent::CoveringPdbs { key, pdbs } => self.set_covering_pdbs(&key, pdbs),
+            LedgerEvent::CallsRunning { running } => return self.settle_calls(&running, now),
+            LedgerEvent::StatusWritten => self.last_status_write = Some(now),
+        }
+        Vec::new()
+    }
+
+    /// What the actor must do about the ledger as it stands: before a step, the covering PDBs to
+    /// look up and the PDBs whose state the step reads.
+    pub fn outlook(&self) -> LedgerOutlook {
+        LedgerOutlook {
+            blocked_by_pdb: self.blocked_by_pdb(),
+            covering_pdbs_wanted: self.needs_covering_pdbs(),
+        }
+    }
+
     /// Forgets the drain (a phase without one, or the request ends).
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         *self = Ledger {
             last_status_write: self.last_status_write,
             ..Ledger::default()
@@ -73,7 +170,7 @@ impl Ledger {
     }
 
     /// The answer to one eviction call. `jitter` in [0, 1) spreads retries of many pods.
-    pub fn record(
+    pub(super) fn record(
         &mut self,
         key: &str,
         uid: Option<&str>,
@@ -115,7 +212,7 @@ impl Ledger {
     }
 
     /// The answer to one deletion past the escalation deadline. `jitter` as in [`Ledger::record`].
-    pub fn record_force_delete(
+    pub(super) fn record_force_delete(
         &mut self,
         key: &str,
         uid: Option<&str>,
@@ -170,7 +267,11 @@ impl Ledger {
     /// the running calls the ledger no longer waits for (the drain stopped: the request was
     /// deleted, its requestor failed, the phase moved on, or the pod went away), which the actor
     /// cancels: one not sent yet never is, so nothing more is evicted for a drain that stopped.
-    pub fn settle_calls(&mut self, running: &BTreeSet<String>, now: Timestamp) -> Vec<String> {
+    pub(super) fn settle_calls(
+        &mut self,
+        running: &BTreeSet<String>,
+        now: Timestamp,
+    ) -> Vec<String> {
         for (key, entry) in self.evictions.iter_mut() {
             if entry.in_flight && !running.contains(key) {
                 entry.in_flight = false;
@@ -188,7 +289,7 @@ impl Ledger {
     /// A PDB changed (or is gone): the pods it blocked may retry at once. All of them are woken;
     /// the evictor's per-budget gate ([`crate::eviction::TokenBook`]) lets as many calls through as
     /// the budget allows and holds the rest back without a call.
-    pub fn wake_blocked_by(&mut self, namespace: &str, pdb: &str, now: Timestamp) {
+    pub(super) fn wake_blocked_by(&mut self, namespace: &str, pdb: &str, now: Timestamp) {
         let prefix = format!("{namespace}/");
         for (key, entry) in self.evictions.iter_mut() {
             let waits_on_pdb = match &entry.last {
@@ -208,10 +309,9 @@ impl Ledger {
         }
     }
 
-    /// Pods (`namespace/name`) refused because several PDBs select them, whose PDBs the actor
-    /// has not looked up (from the pod's labels in its cache). The API server's 500 does not name
-    /// them.
-    pub fn needs_covering_pdbs(&self) -> Vec<String> {
+    /// Pods refused because several PDBs select them whose PDBs are not known yet
+    /// ([`LedgerOutlook::covering_pdbs_wanted`]).
+    fn needs_covering_pdbs(&self) -> Vec<String> {
         self.evictions
             .iter()
             .filter(|(_, e)| {
@@ -222,19 +322,14 @@ impl Ledger {
             .collect()
     }
 
-    pub fn set_covering_pdbs(&mut self, key: &str, pdbs: Vec<String>) {
+    fn set_covering_pdbs(&mut self, key: &str, pdbs: Vec<String>) {
         if let Some(entry) = self.evictions.get_mut(key) {
             entry.covering_pdbs = pdbs;
         }
     }
 
-    /// The PDBs our pods wait on now, as (namespace, name): the actor watches exactly these.
-    pub fn pdbs_waited_on(&self) -> BTreeSet<(String, String)> {
-        self.blocked_by_pdb().into_keys().collect()
-    }
-
-    /// How many of our pods each PDB blocks now (the `pods_blocked_by_pdb` gauge).
-    pub fn blocked_by_pdb(&self) -> BTreeMap<(String, String), usize> {
+    /// How many of our pods each PDB blocks now ([`LedgerOutlook::blocked_by_pdb`]).
+    pub(super) fn blocked_by_pdb(&self) -> BTreeMap<(String, String), usize> {
         let mut out: BTreeMap<(String, String), usize> = BTreeMap::new();
         for (key, entry) in &self.evictions {
             let namespace = namespace_of(key).to_string();

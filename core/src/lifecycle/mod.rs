@@ -1,9 +1,10 @@
 //! The node lifecycle as one pure step: from a request, what the node actor observed (the node,
 //! the pods on it, the PDBs that block them), the time, and the actor's eviction ledger, to the
-//! [`Step`] the actor executes: API actions in order, and when to run again.
+//! [`Step`] the actor executes: API actions in order, when to run again, and what to do about the
+//! ledger (which PDBs to watch).
 //!
 //! Every rule about phases, deletion, timeouts and failures lives here, so each edge is a table
-//! test, not an e2e run. The actor (`actors/src/node_actor.rs`) only gathers observations and
+//! test, not an e2e run. The actor (`actors/src/request_actor.rs`) only gathers observations and
 //! executes steps. State that must survive a restart is on the object (the `Ready` condition's
 //! reason is the phase, its `lastTransitionTime` the phase start, the initial-state annotation,
 //! the finalizer); the ledger only remembers what costs at most one extra call to lose.
@@ -46,7 +47,8 @@ pub use admission::{
 };
 pub use deletion::{actor_holds_node_of_gone_request, on_request_gone, owes_uncordon_once_gone};
 pub use failure::{retry_after_failed_step, status_after_failed_step};
-pub use ledger::{ForceDelete, Ledger, PodEviction, retry_delay};
+use ledger::{ForceDelete, PodEviction};
+pub use ledger::{Ledger, LedgerEvent, LedgerOutlook, retry_delay};
 pub use versions::{is_newer_version, shows_version, version_reached};
 
 use completion::on_wait_for_completion;
@@ -113,6 +115,9 @@ impl NodeView {
 #[derive(Debug, Clone, Copy)]
 pub struct Observed<'a> {
     pub node: NodeView,
+    /// The request went without our cleanup (deleted under our finalizer, or the finalizer
+    /// removed by hand): only what it did to the node is undone ([`on_request_gone`]).
+    pub request_gone: bool,
     /// The pods bound to the node; `None` until the pod watch has listed them once.
     /// Shared with the node's pod cache, as cached (only what the drain reads): a step copies
     /// no pod.
@@ -147,11 +152,12 @@ pub enum Action {
     },
     Cordon,
     Uncordon,
-    /// Start these eviction calls (each answer comes back through [`Ledger::record`]).
+    /// Start these eviction calls (each answer comes back as
+    /// [`LedgerEvent::EvictionAnswered`]).
     Evict(Vec<EvictionOrder>),
     /// Delete these pods, bypassing the PodDisruptionBudget that kept refusing their eviction
-    /// past `drainSpec.forceDeleteAfterSeconds` (each answer comes back through
-    /// [`Ledger::record_force_delete`]).
+    /// past `drainSpec.forceDeleteAfterSeconds` (each answer comes back as
+    /// [`LedgerEvent::ForceDeleteAnswered`]).
     ForceDelete(Vec<ForceDeleteOrder>),
     WriteStatus(StatusWrite),
     Event(Event),
@@ -337,6 +343,9 @@ pub struct Step {
     pub last_progress: Option<Timestamp>,
     /// Nothing is left to do for this request: the actor stops after the actions.
     pub finished: bool,
+    /// What the actor does about the ledger once the actions ran: the PDBs to watch, the gauges
+    /// of pods they block. Set by [`step`] from the ledger as the step left it.
+    pub ledger_outlook: LedgerOutlook,
 }
 
 impl Step {
@@ -419,14 +428,31 @@ fn enter(
 }
 
 /// The next step of one request. `ledger` is the actor's memory: the step updates it (evictions
-/// started, drain counts), and the actor feeds eviction answers back through [`Ledger::record`].
+/// started, drain counts), and the actor feeds what it learns in between back through
+/// [`Ledger::observe`]. The step's [`Step::ledger_outlook`] says what to do about the ledger after.
 pub fn step(
     request: &NodeMaintenance,
     observed: &Observed<'_>,
     now: Timestamp,
     ledger: &mut Ledger,
 ) -> Step {
-    // A gone node first: nothing is left to uncordon, and nothing may hold the release, not even
+    let mut step = decide(request, observed, now, ledger);
+    step.ledger_outlook = ledger.outlook();
+    step
+}
+
+fn decide(
+    request: &NodeMaintenance,
+    observed: &Observed<'_>,
+    now: Timestamp,
+    ledger: &mut Ledger,
+) -> Step {
+    // A request gone without our cleanup: there is no object left, only the node to undo.
+    if observed.request_gone {
+        ledger.clear();
+        return on_request_gone(request, observed.node);
+    }
+    // Then a gone node: nothing is left to uncordon, and nothing may hold the release, not even
     // additionalRequestors (NVIDIA's `Reconcile` looks the node up before anything else).
     if observed.node == NodeView::Missing {
         ledger.clear();

@@ -2,7 +2,7 @@
 //! edits, RequestorFailed set and cleared, deletion with and without additionalRequestors, the
 //! node gone, timeouts, a restart with the state only on the object).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,6 +122,18 @@ fn run_with(
     now: Timestamp,
     ledger: &mut Ledger,
 ) -> Step {
+    run_observing(nm, node, false, pods, now, ledger)
+}
+
+/// As [`run_with`], `request_gone` as the actor observed it.
+fn run_observing(
+    nm: &NodeMaintenance,
+    node: NodeView,
+    request_gone: bool,
+    pods: Option<&[Pod]>,
+    now: Timestamp,
+    ledger: &mut Ledger,
+) -> Step {
     let summaries = BTreeMap::new();
     let operator = OperatorIdentity::new("maintenance-operator", None);
     // As the node actor's watch caches them.
@@ -132,6 +144,7 @@ fn run_with(
     });
     let observed = Observed {
         node,
+        request_gone,
         pods: pods.as_deref(),
         pdb_summaries: &summaries,
         operator: &operator,
@@ -1261,41 +1274,45 @@ fn a_drain_evicts_once_and_waits_for_the_pod_to_go() {
     assert!(!step.watch_pods);
 }
 
+/// A refused eviction backs off, and the status names its budget. The budget's change wakes
+/// exactly the pods it refused, in its own namespace: a pod another budget refused, or one refused
+/// by a budget of the same name elsewhere, keeps its backoff. The step's outlook watches every
+/// budget that blocks a pod, counting the pods it blocks.
 #[test]
-fn a_refused_eviction_backs_off_and_a_pdb_change_wakes_it() {
+fn a_refused_eviction_backs_off_and_a_pdb_change_wakes_exactly_the_pods_it_refused() {
     let nm = with_drain(request(Phase::Draining), 0);
     let mut ledger = Ledger::default();
-    let pods = [pod("app", "web-1"), pod("app", "web-2")];
+    let refusals = [
+        ("app/web-1", "web"),
+        ("app/web-2", "web"),
+        ("app/db-1", "db"),
+        ("other/web-1", "web"),
+    ];
+    let pods: Vec<Pod> = refusals
+        .iter()
+        .filter_map(|(key, _)| key.split_once('/'))
+        .map(|(namespace, name)| pod(namespace, name))
+        .collect();
     run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
-    for key in ["app/web-1", "app/web-2"] {
-        ledger.record(
-            key,
-            Some(&format!("uid-{}", key.replace('/', "-"))),
-            EvictionOutcome::Refused {
-                pdb: Some("web".into()),
-                message: "would violate".into(),
-                held: false,
-            },
-            at(1),
-            0.5,
-        );
+    for (key, pdb) in refusals {
+        answer(&mut ledger, key, refused_by(Some(pdb)), at(1));
     }
-    assert_eq!(
-        ledger.blocked_by_pdb(),
-        BTreeMap::from([(("app".to_string(), "web".to_string()), 2)])
-    );
     let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
-    assert!(evicted(&step).is_empty());
-    let blocked = &status_writes(&step)[0]
-        .status
-        .drain
-        .as_ref()
-        .expect("drain")
-        .blocked;
-    assert_eq!(blocked.len(), 2);
-    assert_eq!(blocked[0].reason, "PDB");
-    // The PDB changes: both pods retry now (the evictor's gate decides how many call).
-    ledger.wake_blocked_by("app", "web", at(1));
+    assert!(evicted(&step).is_empty(), "every pod backs off");
+    assert_eq!(
+        step.ledger_outlook.blocked_by_pdb,
+        BTreeMap::from([
+            (budget("app", "db"), 1),
+            (budget("app", "web"), 2),
+            (budget("other", "web"), 1),
+        ])
+    );
+    let blocked = &written_drain(&step).blocked;
+    assert_eq!(blocked.len(), 4);
+    assert!(blocked.iter().all(|b| b.reason == "PDB"), "{blocked:?}");
+
+    // The evictor's gate decides how many of the woken pods call.
+    pdb_changed(&mut ledger, "app", "web", at(1));
     let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
     assert_eq!(evicted(&step), vec!["app/web-1", "app/web-2"]);
 }
@@ -1417,6 +1434,7 @@ fn an_eviction_order_shares_the_cached_pod() {
     let operator = OperatorIdentity::new("maintenance-operator", None);
     let observed = Observed {
         node: CORDONED,
+        request_gone: false,
         pods: Some(&cached),
         pdb_summaries: &summaries,
         operator: &operator,
@@ -1472,20 +1490,25 @@ fn a_restart_resumes_from_the_object() {
     assert_eq!(drain.blocked[0].reason, "Terminating");
 }
 
+/// Drain progress is written at most every interval, counted from the last status write the actor
+/// told the ledger of; a ledger told of none writes at once.
 #[test]
-fn drain_status_writes_are_throttled() {
+fn drain_status_writes_are_throttled_from_the_last_write_told() {
     let nm = with_drain(request(Phase::Draining), 0);
     let mut ledger = Ledger::default();
     let pods = [pod("app", "a"), pod("app", "b")];
     let first = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
     let mut written = nm.clone();
     written.status = Some(status_writes(&first)[0].status.clone());
-    ledger.last_status_write = Some(at(1));
+    let mut untold = ledger.clone();
+    assert!(ledger.observe(LedgerEvent::StatusWritten, at(1)).is_empty());
     // Progress half a second later: held back, woken when the interval has passed.
     let now = after(at(1), Duration::from_millis(500));
     let step = run_with(&written, CORDONED, Some(&pods[..1]), now, &mut ledger);
     assert!(status_writes(&step).is_empty());
     assert_eq!(step.wake_at, Some(after(at(1), STATUS_WRITE_INTERVAL)));
+    let step = run_with(&written, CORDONED, Some(&pods[..1]), now, &mut untold);
+    assert_eq!(status_writes(&step).len(), 1, "told of no write: {step:?}");
     // Once the interval has passed it is written.
     let due = after(at(1), STATUS_WRITE_INTERVAL);
     let step = run_with(&written, CORDONED, Some(&pods[..1]), due, &mut ledger);
@@ -1588,8 +1611,32 @@ fn refused_by(pdb: Option<&str>) -> EvictionOutcome {
     }
 }
 
+/// The answer to the eviction of `key` (the fixtures' pod), as the actor tells the ledger.
 fn answer(ledger: &mut Ledger, key: &str, outcome: EvictionOutcome, now: Timestamp) {
-    ledger.record(key, Some(&uid_of(key)), outcome, now, 0.5);
+    let answered = LedgerEvent::EvictionAnswered {
+        key: key.into(),
+        uid: Some(uid_of(key)),
+        outcome,
+        jitter: 0.5,
+    };
+    assert!(ledger.observe(answered, now).is_empty());
+}
+
+/// The answer to the deletion past the deadline of `key`, as the actor tells the ledger.
+fn answer_deletion(ledger: &mut Ledger, key: &str, outcome: DeleteOutcome, now: Timestamp) {
+    let answered = LedgerEvent::ForceDeleteAnswered {
+        key: key.into(),
+        uid: Some(uid_of(key)),
+        outcome,
+        jitter: 0.5,
+    };
+    assert!(ledger.observe(answered, now).is_empty());
+}
+
+/// Tells the ledger which calls run; returns those to cancel.
+fn calls_running(ledger: &mut Ledger, running: &[&str], now: Timestamp) -> Vec<String> {
+    let running = running.iter().map(|key| key.to_string()).collect();
+    ledger.observe(LedgerEvent::CallsRunning { running }, now)
 }
 
 /// (pod, PDB) of every deletion the step orders.
@@ -1778,24 +1825,18 @@ fn a_pod_deleted_past_the_deadline_is_deleted_once_and_recorded() {
     assert!(force_deleted(&step).is_empty() && evicted(&step).is_empty());
 
     let mut gone_ledger = ledger.clone();
-    gone_ledger.record_force_delete(
-        "app/web-1",
-        Some("uid-app-web-1"),
-        DeleteOutcome::Gone,
-        at(5),
-        0.5,
-    );
+    answer_deletion(&mut gone_ledger, "app/web-1", DeleteOutcome::Gone, at(5));
     assert!(gone_ledger.force_deleted.is_empty(), "nothing was bypassed");
 
-    ledger.record_force_delete(
+    answer_deletion(
+        &mut ledger,
         "app/web-1",
-        Some("uid-app-web-1"),
         DeleteOutcome::Deleted,
         after(at(5), Duration::from_millis(300)),
-        0.5,
     );
-    assert!(
-        ledger.blocked_by_pdb().is_empty(),
+    assert_eq!(
+        ledger.outlook(),
+        LedgerOutlook::default(),
         "no longer waits on the budget"
     );
     let going = [terminating(pod("app", "web-1"))];
@@ -1857,13 +1898,7 @@ fn a_deleted_pod_gone_before_the_answer_is_still_recorded() {
         None,
         "the drain finished before the deletion's answer: {step:?}"
     );
-    ledger.record_force_delete(
-        "app/web-1",
-        Some("uid-app-web-1"),
-        DeleteOutcome::Deleted,
-        at(5),
-        0.5,
-    );
+    answer_deletion(&mut ledger, "app/web-1", DeleteOutcome::Deleted, at(5));
     let step = run_with(&nm, CORDONED, Some(&[]), at(6), &mut ledger);
     assert_eq!(moved_to(&step), Some(Phase::Ready), "{step:?}");
     let ready = status_writes(&step)[0];
@@ -1887,15 +1922,14 @@ fn a_failed_deletion_is_retried_as_a_deletion() {
     run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
     answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
     run_with(&nm, CORDONED, Some(&pods), at(6), &mut ledger);
-    ledger.record_force_delete(
+    answer_deletion(
+        &mut ledger,
         "app/web-1",
-        Some("uid-app-web-1"),
         DeleteOutcome::Error {
             code: Some(403),
             message: "pods \"web-1\" is forbidden".into(),
         },
         at(6),
-        0.5,
     );
     let step = run_with(&nm, CORDONED, Some(&pods), at(6), &mut ledger);
     assert!(force_deleted(&step).is_empty() && evicted(&step).is_empty());
@@ -1965,8 +1999,7 @@ fn an_eviction_whose_call_never_started_is_ordered_again() {
     assert_eq!(step.actions.first(), Some(&Action::AddFinalizer));
     assert_eq!(evicted(&step), vec!["app/web-1"]);
     // The finalizer write failed: nothing was started.
-    let cancel = ledger.settle_calls(&BTreeSet::new(), at(1));
-    assert!(cancel.is_empty());
+    assert!(calls_running(&mut ledger, &[], at(1)).is_empty());
     let again = run_with(&nm, CORDONED, Some(&pods), at(2), &mut ledger);
     assert_eq!(evicted(&again), vec!["app/web-1"], "{again:?}");
     assert!(
@@ -1986,17 +2019,14 @@ fn a_deletion_mid_drain_cancels_the_evictions_in_flight() {
     let pods = [pod("app", "web-1"), pod("app", "web-2")];
     let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
     assert_eq!(evicted(&step), vec!["app/web-1", "app/web-2"]);
-    let running: BTreeSet<String> = ["app/web-1".to_string(), "app/web-2".to_string()].into();
+    let running = ["app/web-1", "app/web-2"];
     assert!(
-        ledger.settle_calls(&running, at(1)).is_empty(),
+        calls_running(&mut ledger, &running, at(1)).is_empty(),
         "still wanted"
     );
     let step = run_with(&deleting(nm), CORDONED, Some(&pods), at(2), &mut ledger);
     assert!(step.finished);
-    assert_eq!(
-        ledger.settle_calls(&running, at(2)),
-        vec!["app/web-1".to_string(), "app/web-2".to_string()]
-    );
+    assert_eq!(calls_running(&mut ledger, &running, at(2)), running);
 }
 
 /// A drain whose pods could never be listed still times out, and says why, once.
@@ -2106,4 +2136,90 @@ fn an_actor_holds_the_node_of_its_gone_request_until_the_uncordon() {
     assert!(!actor_holds_node_of_gone_request(
         &before_us, None, true, false
     ));
+}
+
+// ---- the ledger's interface: what the actor tells it, what it asks of the actor ----
+
+fn budget(namespace: &str, name: &str) -> (String, String) {
+    (namespace.into(), name.into())
+}
+
+fn pdb_changed(ledger: &mut Ledger, namespace: &str, name: &str, now: Timestamp) {
+    let changed = LedgerEvent::PdbChanged {
+        namespace: namespace.into(),
+        name: name.into(),
+    };
+    assert!(ledger.observe(changed, now).is_empty());
+}
+
+/// A pod that several budgets select is asked about until the actor tells its budgets, once; then
+/// the pod counts under each, both are watched, and a change of either wakes it.
+#[test]
+fn covering_pdbs_once_told_are_no_longer_asked_and_are_watched() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "two-pdbs")];
+    run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    let several = EvictionOutcome::MultiplePdbs {
+        message: "This pod has more than one PodDisruptionBudget".into(),
+    };
+    answer(&mut ledger, "app/two-pdbs", several, at(1));
+    let asked = ledger.outlook();
+    assert_eq!(asked.covering_pdbs_wanted, ["app/two-pdbs"]);
+    assert!(asked.blocked_by_pdb.is_empty(), "no budget is known yet");
+
+    let told = LedgerEvent::CoveringPdbs {
+        key: "app/two-pdbs".into(),
+        pdbs: vec!["a".into(), "b".into()],
+    };
+    assert!(ledger.observe(told, at(1)).is_empty());
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    let outlook = &step.ledger_outlook;
+    assert!(outlook.covering_pdbs_wanted.is_empty(), "{outlook:?}");
+    assert_eq!(
+        outlook.pdbs_to_watch().collect::<Vec<_>>(),
+        [&budget("app", "a"), &budget("app", "b")]
+    );
+    assert!(outlook.watches(&budget("app", "b")) && !outlook.watches(&budget("other", "b")));
+    assert_eq!(
+        outlook,
+        &ledger.outlook(),
+        "the step's outlook is the ledger's"
+    );
+    assert!(
+        written_drain(&step).blocked[0]
+            .message
+            .starts_with("covered by 2 PodDisruptionBudgets"),
+        "{step:?}"
+    );
+
+    pdb_changed(&mut ledger, "app", "b", at(1));
+    let step = run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    assert_eq!(evicted(&step), vec!["app/two-pdbs"]);
+}
+
+/// A request gone without our cleanup forgets its drain in the step, as a deletion does: the
+/// step is the gone request's, and its outlook leaves nothing to watch or count.
+#[test]
+fn a_request_gone_without_our_cleanup_forgets_the_drain_and_its_budgets() {
+    let nm = with_drain(request(Phase::Draining), 0);
+    let mut ledger = Ledger::default();
+    let pods = [pod("app", "web-1")];
+    run_with(&nm, CORDONED, Some(&pods), at(1), &mut ledger);
+    answer(&mut ledger, "app/web-1", refused_by(Some("web")), at(1));
+    let step = run_with(&nm, CORDONED, Some(&pods), at(2), &mut ledger);
+    assert_eq!(
+        step.ledger_outlook.pdbs_to_watch().collect::<Vec<_>>(),
+        [&budget("app", "web")]
+    );
+
+    let gone = run_observing(&nm, CORDONED, true, Some(&pods), at(3), &mut ledger);
+    assert_eq!(gone, on_request_gone(&nm, CORDONED));
+    assert_eq!(gone.ledger_outlook, LedgerOutlook::default());
+    assert!(ledger.evictions.is_empty());
+    assert_eq!(
+        calls_running(&mut ledger, &["app/web-1"], at(3)),
+        ["app/web-1"],
+        "the eviction still queued is cancelled"
+    );
 }
