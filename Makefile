@@ -12,8 +12,10 @@ NOT_CORE := --workspace --exclude maintenance-core --exclude maintenance-crds
 .PHONY: demo test test-deps testbed unit lint image lint-release bench soak
 
 ## The demo: a local control plane with simulated nodes, the operator, a rolling maintenance.
+## DEMO_REAL_NODE=1: the operator's pods from `make image`, installed with helm on a real node.
 demo: testbed
 	cargo build --release --bins
+	$(if $(filter 1,$(DEMO_REAL_NODE)),deploy/build-image.sh >/dev/null)
 	$(WITH_TESTBED) scripts/demo
 
 ## The whole test suite, its set-up included, the quickest failures first: formatting and lints,

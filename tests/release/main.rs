@@ -5,7 +5,8 @@
 //! Apart from `e2e` because the chart's tests install its cluster-wide objects (the CRDs, RBAC,
 //! a `default` config of `maxParallelOperations: 1`) on this binary's shared testbed and run the
 //! operator with them: those tests, here and in `image`, take turns
-//! ([`support::chart::chart_turn`]). `grafana_dashboard` runs a control plane of its own.
+//! ([`support::chart::chart_turn`]). `grafana_dashboard` runs a control plane of its own, and
+//! `real_node` control planes with a real kubelet node (root; one at a time).
 
 mod grafana_dashboard;
 mod helm_chart;
