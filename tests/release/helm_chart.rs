@@ -40,7 +40,7 @@ fn updating() -> bool {
 }
 
 /// helm, installed once per machine by deploy/install-helm.sh.
-fn helm() -> Result<Command> {
+pub(crate) fn helm() -> Result<Command> {
     static HELM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let path = HELM.get_or_init(|| {
         run(&mut Command::new(repo().join("deploy/install-helm.sh")))

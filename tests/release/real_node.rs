@@ -24,9 +24,10 @@ use maintenance_crds::{NodeMaintenance, Phase};
 use serde_json::{Value, json};
 use support::chart::*;
 use support::invariants::{InvariantMonitor, Scope};
-use support::operator::{OPERATOR_NAMESPACE, OUR_LEASE, http_get};
+use support::operator::{OPERATOR_NAMESPACE, OUR_LEASE, free_port, http_get};
 use support::*;
 
+use crate::helm_chart::helm;
 use crate::image::image_archive;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -203,7 +204,7 @@ fn import_operator_image() -> Result<()> {
 
 /// The namespace first, enforcing Pod Security `restricted`, then the chart into it: every pod
 /// of the chart is admitted under that level.
-fn install_chart(testbed: &Testbed, helm: &Path) -> Result<()> {
+fn install_chart(testbed: &Testbed) -> Result<()> {
     run(kubectl(testbed).args(["create", "namespace", OPERATOR_NAMESPACE]))?;
     run(kubectl(testbed).args([
         "label",
@@ -211,7 +212,7 @@ fn install_chart(testbed: &Testbed, helm: &Path) -> Result<()> {
         OPERATOR_NAMESPACE,
         "pod-security.kubernetes.io/enforce=restricted",
     ]))?;
-    run(Command::new(helm)
+    run(helm()?
         .arg("--kubeconfig")
         .arg(testbed.kubeconfig_path())
         .args(["install", "maintenance-operator"])
@@ -499,12 +500,6 @@ async fn service_endpoints(
     Ok(targets)
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 // ---------------------------------------------------------------------------------------------
 // The drain
 
@@ -738,11 +733,10 @@ async fn on_a_real_node(scenario: impl AsyncFnOnce(&Testbed) -> Result<()>) -> R
 
 #[tokio::test]
 async fn the_chart_on_a_real_node_drains_real_containers_and_leaves_the_host_clean() -> Result<()> {
-    let helm = helm_binary()?;
     on_a_real_node(async |testbed| {
         let client = testbed.client().await?;
         import_operator_image()?;
-        install_chart(testbed, &helm)?;
+        install_chart(testbed)?;
         check_install(&client).await?;
         let ns = unique_name("real");
         create_namespace(&client, &ns).await?;
@@ -968,11 +962,6 @@ async fn the_graceful_end_check_catches_a_force_deletion(
 
 fn kubectl_out(testbed: &Testbed, args: &[&str]) -> String {
     run(kubectl(testbed).args(args)).unwrap_or_else(|e| format!("{e:#}"))
-}
-
-fn helm_binary() -> Result<PathBuf> {
-    let out = run(&mut Command::new(repo().join("deploy/install-helm.sh")))?;
-    Ok(PathBuf::from(out.trim()))
 }
 
 async fn wait_phase(
