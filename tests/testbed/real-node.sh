@@ -24,6 +24,8 @@ REAL_SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on
 	net.ipv4.conf.all.route_localnet net.bridge.bridge-nf-call-iptables
 	net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
 	net.netfilter.nf_conntrack_tcp_timeout_close_wait)
+# Directories the node may create; `down` removes those that were not there before.
+REAL_PATHS=(/var/log/containers /var/log/pods /var/lib/cni /run/netns "$REAL_RUN")
 
 real_die() { die "real node: $*"; }
 # During `up`, after the control plane started: the caller stops what runs and fails.
@@ -124,7 +126,7 @@ snapshot_host() {
 	ip -o link show | awk -F': ' '{ print $2 }' | sed 's/@.*//' | sort >"$out/links"
 	find /sys/fs/cgroup -maxdepth 3 -type d -name 'kubepods*' 2>/dev/null | sort >"$out/cgroups"
 	ls -1 /var/run/netns 2>/dev/null | sort >"$out/netns" || true
-	for s in /var/log/containers /var/log/pods /var/lib/cni /run/netns "$REAL_RUN"; do
+	for s in "${REAL_PATHS[@]}"; do
 		[[ -e $s ]] && echo "$s"
 	done >"$out/paths"
 	# containerd, its shims, the kubelet and kube-proxy name the node's files in their arguments.
@@ -350,7 +352,7 @@ restore_host() {
 		[[ $path == absent ]] && continue
 		[[ $(sysctl -n "$entry" 2>/dev/null) == "$path" ]] || sysctl -qw "$entry=$path" || true
 	done <"$before/sysctls"
-	for path in /var/log/containers /var/log/pods /var/lib/cni /run/netns "$REAL_RUN"; do
+	for path in "${REAL_PATHS[@]}"; do
 		grep -qxF "$path" "$before/paths" || rm -rf "$path"
 	done
 }
