@@ -7,7 +7,6 @@ WITH_TESTBED := PATH="$(BIN_DIR):$$PATH"
 # checks come last: they read what `make image` and `make lint-release` leave in target/.
 E2E_TESTS := e2e e2e_nvidia cli soak bench_report
 RELEASE_TESTS := release
-NOT_CORE := --workspace --exclude maintenance-core --exclude maintenance-crds
 
 .PHONY: demo test test-deps testbed unit lint image lint-release bench soak
 
@@ -19,7 +18,8 @@ demo: testbed
 	$(WITH_TESTBED) scripts/demo
 
 ## The whole test suite, its set-up included, the quickest failures first: formatting and lints,
-## the unit tests of core and crds, the other unit tests, the end-to-end tests on real control
+## the unit tests of every crate (core and crds among them, built once with the features the whole
+## workspace uses, so the end-to-end build reuses them), the end-to-end tests on real control
 ## planes, then the image and the release files. SAVE_DISK=1 (CI) removes the Go build cache and
 ## the musl release tree once they are used.
 test: test-deps
@@ -28,9 +28,8 @@ test: test-deps
 		grep -vxF $(foreach t,$(E2E_TESTS) $(RELEASE_TESTS),-e $(t))); \
 		[[ -z $$stray ]] || { echo "make test runs no stage for tests/$$stray"; exit 1; }
 	$(MAKE) --no-print-directory lint
-	cargo test -p maintenance-core -p maintenance-crds
-	cargo test $(NOT_CORE) --lib --bins
-	cargo test $(NOT_CORE) --doc
+	cargo test --workspace --lib --bins
+	cargo test --workspace --doc
 	$(WITH_TESTBED) cargo test $(E2E_TESTS:%=--test %)
 	$(MAKE) --no-print-directory image lint-release
 	$(if $(SAVE_DISK),rm -rf target/x86_64-unknown-linux-musl target/release)
@@ -68,6 +67,8 @@ unit:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	@# Every intra-doc link resolves (the dependencies' metadata is clippy's, so this is quick).
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 ## The operator image as an OCI archive, target/image/maintenance-operator-<version>.oci.tar: a
 ## static musl binary FROM scratch, built with buildah (no Docker engine needed).

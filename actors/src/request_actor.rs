@@ -55,7 +55,7 @@ pub enum RequestMsg {
     PodsChanged,
     /// A PDB that blocked one of our pods now allows a disruption.
     PdbChanged { namespace: String, name: String },
-    /// One eviction call finished (`call` as in [`RequestActorState::calls`]).
+    /// One eviction call finished (`call` numbers the calls the actor keeps in flight).
     Evicted {
         key: String,
         uid: Option<String>,

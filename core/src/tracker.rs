@@ -19,7 +19,7 @@
 //!    released);
 //! 4. execute: the supervisor writes and starts actors, telling the tracker first
 //!    ([`Tracker::begin_admission`], [`Tracker::writes_sent`]) and hearing the answers back
-//!    ([`Tracker::admission_answered`], [`Tracker::write_answered`]).
+//!    ([`Tracker::admission_answered`], [`Tracker::writes_answered`]).
 //!
 //! Nothing here is state of the request: a restart of the operator forgets it all and starts
 //! from the objects, which is safe because every write is guarded by the version it was built on.

@@ -110,7 +110,7 @@ pub struct PlanCommandArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Success,
-    /// The command worked, and the answer is no (see [`EXIT_CODES`]).
+    /// The command worked, and the answer is no (see the exit codes in `--help`).
     No,
     Interrupted,
 }

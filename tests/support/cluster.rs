@@ -96,7 +96,7 @@ impl NodeOptions {
 }
 
 /// Creates `count` KWOK nodes `<prefix>-0 .. <prefix>-<count-1>` with the given extra labels and
-/// returns their names. Use a [`unique_name`] as prefix.
+/// returns their names. Use a [`unique_name`](crate::unique_name) as prefix.
 pub async fn create_nodes(
     client: &Client,
     prefix: &str,

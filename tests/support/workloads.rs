@@ -68,7 +68,7 @@ impl PodSpecOptions {
         }
     }
 
-    /// Pods go to nodes made by [`create_nodes`] with this prefix.
+    /// Pods go to nodes made by [`create_nodes`](crate::create_nodes) with this prefix.
     pub fn on_nodes_with_prefix(prefix: &str) -> Self {
         Self::on_nodes_labelled(NODE_PREFIX_LABEL, prefix)
     }
