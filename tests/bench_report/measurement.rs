@@ -266,6 +266,11 @@ pub struct DrainRun {
     /// Every node maintained: the pods KWOK deleted (as a kubelet does once a pod's grace period
     /// ends), those of StatefulSets apart.
     pub simulator_deletions: Option<SimulatorDeletions>,
+    /// Pods the disruption controller still counted as disrupted when its two-minute
+    /// `DeletionTimeout` ran out (its `NotDeleted` Events): a StatefulSet re-created an evicted
+    /// pod under the same name before the controller saw the old one go, and the budget allowed
+    /// nothing meanwhile. Each one is a stall of up to two minutes that no drain can avoid.
+    pub disruption_timeouts: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -311,10 +311,14 @@ pub fn markdown(report: &Report, charts: &[(String, String)]) -> String {
              minAvailable n-1 in turn; plus a DaemonSet, skipped), maintained K at a time: ours \
              with maxParallelOperations = maxUnavailable = K, each request released once Ready; \
              kubectl with K concurrent `kubectl drain --ignore-daemonsets` + `kubectl uncordon`. \
-             Each run on a fresh, identical cluster; replacements go to as many spare nodes.\n\n\
+             Each run on a fresh, identical cluster; replacements go to as many spare nodes. \
+             DeletionTimeouts: the disruption controller's `NotDeleted` Events, each a budget \
+             held at zero for up to two minutes because the StatefulSet re-created an evicted pod \
+             under its name before the controller saw it go (upstream; whoever drains waits).\n\n\
              | Who | K | Wall time (s) | Last drained at (s) | Evicted pods | Eviction calls | \
-             Calls/pod | Codes | API requests | Requests/evicted pod | Peak RSS (MiB) |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             Calls/pod | Codes | API requests | Requests/evicted pod | Peak RSS (MiB) | \
+             DeletionTimeouts |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             size.drain_nodes, size.pods_per_node
         );
         for d in &report.drains {
@@ -325,7 +329,7 @@ pub fn markdown(report: &Report, charts: &[(String, String)]) -> String {
                 .collect();
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.1} | {:.1} | {} | {} | {:.2} | {} | {} | {} | {} |",
+                "| {} | {} | {:.1} | {:.1} | {} | {} | {:.2} | {} | {} | {} | {} | {} |",
                 d.who,
                 d.parallel,
                 d.seconds,
@@ -338,6 +342,7 @@ pub fn markdown(report: &Report, charts: &[(String, String)]) -> String {
                 d.api_calls_per_pod
                     .map_or("-".into(), |v| format!("{v:.2}")),
                 d.rss_peak_mib.map_or("-".into(), |v| format!("{v:.1}")),
+                d.disruption_timeouts,
             );
         }
         let _ = writeln!(

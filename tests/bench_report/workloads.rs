@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, ensure};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, StatefulSet, StatefulSetSpec};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Container, Event, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Client;
@@ -368,6 +368,33 @@ pub fn drain_run(
         controller_queues: Vec::new(),
         cpu_during_run: BTreeMap::new(),
         simulator_deletions: None,
+        disruption_timeouts: 0,
+    }
+}
+
+/// The `NotDeleted` Events of the disruption controller in `ns`, repeats included (see
+/// [`DrainRun::disruption_timeouts`]).
+pub async fn disruption_timeouts(client: &Client, ns: &str) -> Result<usize> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let not_deleted = events
+        .list(&ListParams::default().fields("reason=NotDeleted"))
+        .await
+        .with_context(|| format!("listing the NotDeleted Events of namespace {ns}"))?;
+    Ok(not_deleted
+        .items
+        .iter()
+        .map(|e| usize::try_from(e.count.unwrap_or(1)).unwrap_or(1))
+        .sum())
+}
+
+/// What the progress line adds when the disruption controller's timeout held a drain.
+pub fn disruption_timeouts_note(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        n => format!(
+            "; held by the disruption controller's 2-minute DeletionTimeout {n} time(s) \
+             (NotDeleted Events)"
+        ),
     }
 }
 
@@ -419,14 +446,17 @@ pub async fn drain_ours(size: &Size, k: usize, progress: &Progress) -> Result<Dr
         &step,
     )
     .await?;
+    let mut run = run;
+    run.disruption_timeouts = disruption_timeouts(&cluster.client, &cluster.ns).await?;
     let (seconds, last_ready) = (run.seconds, run.seconds_to_last_drained);
     let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
     let calls = run.api_calls.unwrap_or_default();
     step.end(&format!(
         "{seconds:.1}s (last Ready at {last_ready:.1}s); {evicted_pods} pods evicted with \
-         {eviction_calls} eviction calls ({:.2}/pod), {calls} API calls ({:.2}/pod)",
+         {eviction_calls} eviction calls ({:.2}/pod), {calls} API calls ({:.2}/pod){}",
         run.eviction_calls_per_pod,
-        ratio(calls, evicted_pods)
+        ratio(calls, evicted_pods),
+        disruption_timeouts_note(run.disruption_timeouts)
     ));
     ensure!(
         evicted_pods == cluster.pods,
@@ -529,12 +559,14 @@ pub async fn drain_kubectl(size: &Size, k: usize, progress: &Progress) -> Result
         seconds,
         last_drained: last,
     };
-    let run = drain_run(shape, &log, &cluster.ns, ADMIN_USER, from, None);
+    let mut run = drain_run(shape, &log, &cluster.ns, ADMIN_USER, from, None);
+    run.disruption_timeouts = disruption_timeouts(&cluster.client, &cluster.ns).await?;
     let (evicted_pods, eviction_calls) = (run.evicted_pods, run.eviction_calls);
     step.end(&format!(
         "{seconds:.1}s (last drain returned at {last:.1}s); {evicted_pods} pods evicted with \
-         {eviction_calls} eviction calls ({:.2}/pod)",
-        run.eviction_calls_per_pod
+         {eviction_calls} eviction calls ({:.2}/pod){}",
+        run.eviction_calls_per_pod,
+        disruption_timeouts_note(run.disruption_timeouts)
     ));
     ensure!(
         evicted_pods == cluster.pods,
@@ -684,6 +716,7 @@ pub async fn fleet_ours(size: &Size, progress: &Progress) -> Result<DrainRun> {
         &step,
     )
     .await?;
+    run.disruption_timeouts = disruption_timeouts(&cluster.client, &cluster.ns).await?;
     run.cpu_during_run = cpu_between(&cpu_before, cpu_by_process(&cluster.testbed, Some(&op))?);
     run.controller_queues = queues_between(
         &queues_before,
@@ -746,6 +779,7 @@ pub async fn fleet_kubectl(size: &Size, progress: &Progress) -> Result<DrainRun>
     let mut run = drain_run(shape, &log, &cluster.ns, ADMIN_USER, from, None);
     run.chains = budget_chains(&log, &cluster.ns, ADMIN_USER, from, &cluster.strict);
     run.simulator_deletions = Some(simulator_deletions(&log, &cluster.ns, from));
+    run.disruption_timeouts = disruption_timeouts(&cluster.client, &cluster.ns).await?;
     // The bench process runs the kubectl processes' output readers only; kubectl itself is not
     // counted (many short processes).
     run.cpu_during_run = cpu_between(&cpu_before, cpu_by_process(&cluster.testbed, None)?);
