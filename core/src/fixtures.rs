@@ -132,6 +132,15 @@ impl RequestBuilder {
         self
     }
 
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        self
+    }
+
     /// Our finalizer, as the admission puts it on.
     pub fn finalizer(mut self) -> Self {
         self.0.metadata.finalizers = Some(vec![FINALIZER.into()]);
@@ -177,6 +186,11 @@ pub fn node(name: &str) -> NodeBuilder {
 pub struct NodeBuilder(Node);
 
 impl NodeBuilder {
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.0.metadata.uid = Some(uid.into());
+        self
+    }
+
     pub fn version(mut self, resource_version: &str) -> Self {
         self.0.metadata.resource_version = Some(resource_version.into());
         self

@@ -32,6 +32,16 @@ pub struct NodeIdentity<'a> {
     pub uid: &'a str,
 }
 
+impl<'a> NodeIdentity<'a> {
+    /// The node as ownership needs it; `None` while it has no name or UID (not yet created).
+    pub fn of(node: &'a k8s_openapi::api::core::v1::Node) -> Option<NodeIdentity<'a>> {
+        Some(NodeIdentity {
+            name: node.metadata.name.as_deref()?,
+            uid: node.metadata.uid.as_deref()?,
+        })
+    }
+}
+
 /// The owner references the request should have given its node, or `None` when `current`
 /// already is right (or the node is unknown), so the caller writes nothing.
 pub fn owner_references(

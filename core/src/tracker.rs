@@ -36,6 +36,9 @@ use crate::actor_runs::{self, ActorAction, ActorRun, RunEnd};
 use crate::lifecycle::{self, version_reached};
 use crate::scheduler::{AdmissionRetry, RequestState, Snapshot};
 
+mod pending;
+pub use pending::{PendingWrite, pending_writes};
+
 /// The caches of one round, indexed: requests by UID and by namespace and name, nodes by name.
 pub struct Cache<'a> {
     by_uid: HashMap<&'a str, &'a Arc<NodeMaintenance>>,

@@ -12,7 +12,6 @@ use maintenance_core::ownership;
 use maintenance_crds::{FINALIZER, NodeMaintenance};
 use ractor::ActorRef;
 
-use super::node_identity;
 use crate::context::{Context, api_message, api_status_code};
 use crate::supervisor::SupervisorMsg;
 
@@ -139,8 +138,11 @@ async fn write_admission(
         finalizers.push(FINALIZER.to_string());
     }
     // Usually already set while the request was Pending; the same rule either way.
-    let owners = ownership::owner_references(request.owner_references(), node_identity(node))
-        .unwrap_or_else(|| request.owner_references().to_vec());
+    let owners = ownership::owner_references(
+        request.owner_references(),
+        node.and_then(|n| ownership::NodeIdentity::of(n)),
+    )
+    .unwrap_or_else(|| request.owner_references().to_vec());
     // The initial state decides the uncordon: a cached node is used only when it shows the node
     // schedulable (`admission_node_view`), else it is read from the API server, as the cache may
     // still show the cordon of a request on this node released a moment ago.

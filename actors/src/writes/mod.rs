@@ -12,8 +12,6 @@ pub mod pending;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
-use maintenance_core::ownership::NodeIdentity;
 use ractor::ActorRef;
 
 use crate::context::Context;
@@ -63,13 +61,4 @@ pub(crate) fn spawn_writes<T, F, Fut>(
         };
         let _ = supervisor.cast(answer(written));
     });
-}
-
-/// The node as ownership needs it; `None` while it is not in the cache (or has no UID yet).
-pub(crate) fn node_identity(node: Option<&Arc<Node>>) -> Option<NodeIdentity<'_>> {
-    let node = node?;
-    Some(NodeIdentity {
-        name: node.metadata.name.as_deref()?,
-        uid: node.metadata.uid.as_deref()?,
-    })
 }

@@ -8,14 +8,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use maintenance_core::explain::{Explanations, Observed};
-use maintenance_core::lifecycle;
-use maintenance_core::ownership;
 use maintenance_core::scheduler::{Limits, WaitCause, Waiting};
-use maintenance_core::tracker::{Cache, Tracker};
+use maintenance_core::tracker::{Cache, PendingWrite, Tracker, pending_writes};
 use maintenance_crds::{NodeMaintenance, Phase, condition_type};
 use ractor::ActorRef;
 
-use super::{node_identity, spawn_writes};
+use super::spawn_writes;
 use crate::context::{Context, is_conflict, is_not_found};
 use crate::supervisor::SupervisorMsg;
 
@@ -91,7 +89,7 @@ pub(crate) fn explain_waiting(
 
 /// New requests that the round did not admit get a Pending condition with the round's reason, so
 /// `kubectl get nm` shows them as waiting and why, and a Pending request that has waited
-/// [`ownership::PENDING_OWNER_DELAY`] gets its Node as owner, so deleting the node
+/// `ownership::PENDING_OWNER_DELAY` gets its Node as owner, so deleting the node
 /// garbage-collects requests that never started (the admission writes it for the others).
 /// Requests admitted but still shown Pending by the cache are left to `admit`.
 pub(crate) fn prepare_pending_requests(
@@ -102,57 +100,31 @@ pub(crate) fn prepare_pending_requests(
     tracker: &mut Tracker,
     reasons: &HashMap<(String, String), (String, WaitCause)>,
 ) -> Vec<(String, WaitCause)> {
-    let now = jiff::Timestamp::now();
-    type Work = (bool, Option<Vec<OwnerReference>>, String);
-    let mut explained = Vec::new();
-    let mut work: Vec<(String, (Arc<NodeMaintenance>, Work))> = Vec::new();
-    for request in requests {
-        if request.is_deleting()
-            || request.phase() != Phase::Pending
-            || request
-                .uid()
-                .is_some_and(|uid| tracker.is_being_admitted(&uid) || tracker.has_write(&uid))
-        {
-            continue;
-        }
-        let is_new = lifecycle::never_marked_pending(request);
-        let created = request.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        let owners = ownership::pending_owner_due(created, now)
-            .then(|| {
-                ownership::owner_references(
-                    request.owner_references(),
-                    node_identity(cache.node(&request.spec.node_name)),
-                )
-            })
-            .flatten();
-        if is_new || owners.is_some() {
-            let key = (request.namespace().unwrap_or_default(), request.name_any());
-            let reason = reasons.get(&key);
-            // The new ones get their first reason in this write: the caller records it as
-            // explained.
-            if let (true, Some((_, cause)), Some(uid)) = (is_new, reason, request.uid()) {
-                explained.push((uid, *cause));
-            }
-            let reason = reason.map_or("waiting for admission", |(reason, _)| reason.as_str());
-            if let Some(uid) = request.uid() {
-                work.push((
-                    uid,
-                    (Arc::clone(request), (is_new, owners, reason.to_string())),
-                ));
-            }
-        }
-    }
+    let writes = pending_writes(requests, cache, tracker, reasons, jiff::Timestamp::now());
+    let explained = writes
+        .iter()
+        .filter_map(|w| Some((w.uid.clone(), w.explains?)))
+        .collect();
+    let work: Vec<(String, PendingWrite)> =
+        writes.into_iter().map(|w| (w.uid.clone(), w)).collect();
     tracker.writes_sent(work.iter().map(|(uid, _)| uid.clone()));
     spawn_writes(
         myself,
         work,
-        |ctx, (request, (is_new, owners, reason))| async move {
+        |ctx, write| async move {
+            let PendingWrite {
+                request,
+                first_mark,
+                owners,
+                reason,
+                ..
+            } = write;
             let result = async {
                 let mut request = match owners {
                     Some(owners) => set_owners(&ctx, &request, &owners).await?,
                     None => (*request).clone(),
                 };
-                if is_new {
+                if first_mark {
                     request = ctx
                         .transition(&request, Phase::Pending, &reason, |_| {})
                         .await?;

@@ -1,41 +1,34 @@
 //! The supervisor's bookkeeping through the races the end-to-end runs found, each as the
 //! sequence of what the supervisor did and what its cache showed.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{Node, NodeSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use maintenance_crds::{ADMITTED_UID_ANNOTATION, FINALIZER, NodeMaintenanceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use maintenance_crds::ADMITTED_UID_ANNOTATION;
 
 use super::*;
+use crate::fixtures::{RequestBuilder, node, request};
 
 const NODE: &str = "n1";
 
 /// A request for [`NODE`] as the cache shows it: Pending, named after its UID, at `version`.
 fn pending(uid: &str, version: &str) -> NodeMaintenance {
-    let mut request = NodeMaintenance::new(
-        uid,
-        NodeMaintenanceSpec {
-            requestor_id: "example.com".into(),
-            node_name: NODE.into(),
-            ..NodeMaintenanceSpec::default()
-        },
-    );
-    request.metadata.namespace = Some("team".into());
-    request.metadata.uid = Some(uid.into());
-    request.metadata.resource_version = Some(version.into());
-    request
+    pending_builder(uid, version).build()
+}
+
+fn pending_builder(uid: &str, version: &str) -> RequestBuilder {
+    request(uid)
+        .namespace("team")
+        .node(NODE)
+        .requestor("example.com")
+        .uid(uid)
+        .version(version)
 }
 
 /// The same request as its admission wrote it: our finalizer and UID annotation (Scheduled).
 fn admitted(uid: &str, version: &str) -> NodeMaintenance {
-    let mut request = pending(uid, version);
-    request.metadata.finalizers = Some(vec![FINALIZER.into()]);
-    request.metadata.annotations = Some(BTreeMap::from([(
-        ADMITTED_UID_ANNOTATION.to_string(),
-        uid.to_string(),
-    )]));
-    request
+    pending_builder(uid, version)
+        .finalizer()
+        .annotation(ADMITTED_UID_ANNOTATION, uid)
+        .build()
 }
 
 /// Deleted, with our finalizer still on (`finalizer`) or taken off by the cleanup.
@@ -48,18 +41,6 @@ fn deleted(mut request: NodeMaintenance, version: &str, finalizer: bool) -> Node
     request
 }
 
-fn node(version: &str) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(NODE.into()),
-            resource_version: Some(version.into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec::default()),
-        status: None,
-    }
-}
-
 /// What the cache shows in one round.
 struct Shown {
     requests: Vec<Arc<NodeMaintenance>>,
@@ -69,7 +50,7 @@ struct Shown {
 fn shown(requests: &[NodeMaintenance]) -> Shown {
     Shown {
         requests: requests.iter().cloned().map(Arc::new).collect(),
-        nodes: vec![Arc::new(node("1"))],
+        nodes: vec![Arc::new(node(NODE).version("1").build())],
     }
 }
 
@@ -448,7 +429,7 @@ fn node_writes_hold_their_node_until_the_cache_shows_them() {
         "the cache shows the node at 1, written at 2"
     );
     let mut caught_up = shown(&[]);
-    caught_up.nodes = vec![Arc::new(node("2"))];
+    caught_up.nodes = vec![Arc::new(node(NODE).version("2").build())];
     round(&mut tracker, &caught_up);
     assert!(!tracker.taints.contains(NODE));
     tracker.uncordons.sent([NODE.to_string()]);
