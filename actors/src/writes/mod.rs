@@ -12,9 +12,10 @@ pub mod pending;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use kube::ResourceExt;
 use ractor::ActorRef;
 
-use crate::context::Context;
+use crate::context::{Context, is_conflict, is_not_found};
 use crate::supervisor::SupervisorMsg;
 
 /// Writes (initial Pending status, owner references, reasons, taints) made concurrently in one
@@ -61,4 +62,25 @@ pub(crate) fn spawn_writes<T, F, Fut>(
         };
         let _ = supervisor.cast(answer(written));
     });
+}
+
+/// The resourceVersion a round's write left, for the tracker (`None`: it wrote nothing). A
+/// conflict or a missing object means the cache was behind: the next round decides again on the
+/// object as it is then. Any other error is logged by `log_failure`, counted in the operator's
+/// errors as `error_kind`, and tried again by the next round.
+pub(crate) fn version_written<K: kube::Resource>(
+    result: Result<K, kube::Error>,
+    ctx: &Context,
+    error_kind: &str,
+    log_failure: impl FnOnce(&kube::Error),
+) -> Option<String> {
+    match result {
+        Ok(written) => written.resource_version(),
+        Err(err) if is_conflict(&err) || is_not_found(&err) => None,
+        Err(err) => {
+            log_failure(&err);
+            ctx.error(error_kind);
+            None
+        }
+    }
 }

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use maintenance_core::cordon_mark::{self, CordonMark};
 use maintenance_core::lifecycle::EventReason;
@@ -14,8 +13,8 @@ use maintenance_core::tracker::Tracker;
 use maintenance_crds::NodeMaintenance;
 use ractor::ActorRef;
 
-use super::spawn_writes;
-use crate::context::{Context, is_conflict, is_not_found};
+use super::{spawn_writes, version_written};
+use crate::context::Context;
 use crate::supervisor::SupervisorMsg;
 
 /// Nodes carry the `PreferNoSchedule` taint of [`pending_taint`] exactly while a request on them
@@ -59,22 +58,16 @@ pub(crate) fn reconcile_pending_taints(
                 "spec": { "taints": write.taints },
             });
             let nodes: Api<Node> = Api::all(ctx.client.clone());
-            match nodes
+            let result = nodes
                 .patch(&write.node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-            {
-                Ok(written) => {
+                .inspect(|_| {
                     tracing::debug!(node = %write.node, add = write.add, "pending-drain taint written");
-                    written.resource_version()
-                }
-                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
-                Err(err) => {
-                    let what = if write.add { "add" } else { "remove" };
-                    tracing::warn!(node = %write.node, %err, "could not {what} the taint {}; the next round tries again", pending_taint::PENDING_DRAIN_TAINT_KEY);
-                    ctx.error("taint");
-                    None
-                }
-            }
+                });
+            version_written(result, &ctx, "taint", |err| {
+                let what = if write.add { "add" } else { "remove" };
+                tracing::warn!(node = %write.node, %err, "could not {what} the taint {}; the next round tries again", pending_taint::PENDING_DRAIN_TAINT_KEY);
+            })
         },
         |written| SupervisorMsg::Tainted { written },
         ctx,
@@ -105,11 +98,10 @@ pub(crate) fn uncordon_orphans(
             let patch = cordon_mark::uncordon_patch(mark.resource_version.as_deref());
             let nodes: Api<Node> = Api::all(ctx.client.clone());
             let request = format!("{}/{} (uid {})", mark.namespace, mark.name, mark.uid);
-            match nodes
+            let result = nodes
                 .patch(&mark.node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-            {
-                Ok(written) => {
+                .inspect(|written| {
                     let note = format!(
                         "uncordoned {}: its request {request} went without our cleanup (deleted \
                          under our finalizer, or the finalizer removed by hand) while no node \
@@ -118,22 +110,16 @@ pub(crate) fn uncordon_orphans(
                     );
                     tracing::warn!(node = %mark.node, %request, "orphaned cordon undone");
                     ctx.event_on(
-                        kube::Resource::object_ref(&written, &()),
+                        kube::Resource::object_ref(written, &()),
                         true,
                         EventReason::Uncordon.as_str(),
                         note,
                     );
-                    written.resource_version()
-                }
-                // The cache was behind (our own uncordon, another request's cordon): the next
-                // round decides on the node as it is now.
-                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
-                Err(err) => {
-                    tracing::warn!(node = %mark.node, %request, %err, "could not uncordon the node of a request that is gone; the next round tries again");
-                    ctx.error("uncordon_orphan");
-                    None
-                }
-            }
+                });
+            // A conflict: the cache was behind (our own uncordon, another request's cordon).
+            version_written(result, &ctx, "uncordon_orphan", |err| {
+                tracing::warn!(node = %mark.node, %request, %err, "could not uncordon the node of a request that is gone; the next round tries again");
+            })
         },
         |written| SupervisorMsg::Uncordoned { written },
         ctx,

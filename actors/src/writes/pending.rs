@@ -13,8 +13,8 @@ use maintenance_core::tracker::{Cache, PendingWrite, Tracker, pending_writes};
 use maintenance_crds::{NodeMaintenance, Phase, condition_type};
 use ractor::ActorRef;
 
-use super::spawn_writes;
-use crate::context::{Context, is_conflict, is_not_found};
+use super::{spawn_writes, version_written};
+use crate::context::Context;
 use crate::supervisor::SupervisorMsg;
 
 /// A waiting request's Pending condition says why it waits (the scheduler's reason), so that
@@ -69,18 +69,12 @@ pub(crate) fn explain_waiting(
         myself,
         writes,
         |ctx, (request, reason)| async move {
-            match ctx
+            let result = ctx
                 .transition(&request, Phase::Pending, &reason, |_| {})
-                .await
-            {
-                Ok(written) => written.resource_version(),
-                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
-                Err(err) => {
-                    tracing::warn!(request = %request.key(), %err, "could not explain why it waits");
-                    ctx.error("pending");
-                    None
-                }
-            }
+                .await;
+            version_written(result, &ctx, "pending", |err| {
+                tracing::warn!(request = %request.key(), %err, "could not explain why it waits");
+            })
         },
         |written| SupervisorMsg::Written { written },
         ctx,
@@ -132,15 +126,9 @@ pub(crate) fn prepare_pending_requests(
                 Ok::<NodeMaintenance, kube::Error>(request)
             }
             .await;
-            match result {
-                Ok(written) => written.resource_version(),
-                Err(err) if is_conflict(&err) || is_not_found(&err) => None,
-                Err(err) => {
-                    tracing::warn!(request = %request.key(), %err, "could not set Pending or the node as owner");
-                    ctx.error("pending");
-                    None
-                }
-            }
+            version_written(result, &ctx, "pending", |err| {
+                tracing::warn!(request = %request.key(), %err, "could not set Pending or the node as owner");
+            })
         },
         |written| SupervisorMsg::Written { written },
         ctx,
