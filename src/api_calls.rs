@@ -126,9 +126,11 @@ impl ObserveLayer {
     fn new(metrics: &Metrics, client: ApiClient) -> Self {
         ObserveLayer {
             in_flight: metrics
+                .process
                 .api_calls_in_flight
                 .with_label_values(&[client.as_str()]),
             throttled_seconds: metrics
+                .process
                 .api_calls_throttled_seconds_total
                 .with_label_values(&[client.as_str()]),
         }
@@ -232,6 +234,7 @@ mod tests {
                 most: AtomicUsize::new(0),
                 gauge_most: AtomicI64::new(0),
                 gauge: metrics
+                    .process
                     .api_calls_in_flight
                     .with_label_values(&[client.as_str()]),
             })
@@ -304,10 +307,15 @@ mod tests {
         );
         let label = [ApiClient::Main.as_str()];
         assert_eq!(
-            metrics.api_calls_in_flight.with_label_values(&label).get(),
+            metrics
+                .process
+                .api_calls_in_flight
+                .with_label_values(&label)
+                .get(),
             0
         );
         let throttled = metrics
+            .process
             .api_calls_throttled_seconds_total
             .with_label_values(&label)
             .get();
@@ -319,6 +327,7 @@ mod tests {
         let other = [ApiClient::Evictions.as_str()];
         assert_eq!(
             metrics
+                .process
                 .api_calls_throttled_seconds_total
                 .with_label_values(&other)
                 .get(),

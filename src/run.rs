@@ -178,7 +178,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     ctx.set_leading(true);
-    metrics.leader.set(1.0);
+    metrics.process.leader.set(1.0);
     // Renewed from now on, not once the supervisor's long start is over.
     let mut renewal = spawn_renewal(elector.clone());
 

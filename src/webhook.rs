@@ -229,6 +229,7 @@ struct Reviewer {
 impl Reviewer {
     fn count(&self, operation: validation::Operation, outcome: Outcome) {
         self.metrics
+            .process
             .admission_reviews_total
             .with_label_values(&[operation.as_str(), outcome.as_str()])
             .inc();
@@ -528,6 +529,7 @@ mod tests {
     fn counted(reviewer: &Reviewer, operation: &str, verdict: &str) -> u64 {
         reviewer
             .metrics
+            .process
             .admission_reviews_total
             .with_label_values(&[operation, verdict])
             .get()

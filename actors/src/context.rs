@@ -105,7 +105,11 @@ impl Context {
     }
 
     pub fn error(&self, step: &str) {
-        self.metrics.errors_total.with_label_values(&[step]).inc();
+        self.metrics
+            .process
+            .errors_total
+            .with_label_values(&[step])
+            .inc();
     }
 
     /// Queues an Event on the request (see [`EventQueue`]: sent in the background, best effort).
@@ -233,6 +237,7 @@ impl Context {
         let to = transition.to;
         if let (Some(from), Some(spent)) = (transition.from, transition.in_phase_for) {
             self.metrics
+                .request
                 .phase_duration_seconds
                 .with_label_values(&[from.as_str()])
                 .observe(spent.as_secs_f64());
@@ -240,6 +245,7 @@ impl Context {
         // A request the operator sees for the first time comes from no phase at all.
         let from_label = transition.from.map_or("New", Phase::as_str);
         self.metrics
+            .request
             .phase_transitions_total
             .with_label_values(&[from_label, to.as_str()])
             .inc();

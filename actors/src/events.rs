@@ -62,6 +62,7 @@ impl EventQueue {
             };
             tracing::warn!(%object, why, "event dropped");
             self.metrics
+                .process
                 .errors_total
                 .with_label_values(&["event"])
                 .inc();
@@ -88,7 +89,11 @@ async fn send_in_order(mut jobs: mpsc::Receiver<Job>, recorder: Recorder, metric
                 let (event, reference) = *job;
                 if let Err(err) = recorder.publish(&event, &reference).await {
                     tracing::warn!(object = %describe(&reference), %err, "could not publish event");
-                    metrics.errors_total.with_label_values(&["event"]).inc();
+                    metrics
+                        .process
+                        .errors_total
+                        .with_label_values(&["event"])
+                        .inc();
                 }
             }
             Job::Flush(done) => {

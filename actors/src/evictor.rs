@@ -205,10 +205,10 @@ impl Evictor {
         {
             tokio::spawn(dispatch(self.calls.clone(), queue));
         }
-        self.calls.metrics.evictions_queued.inc();
+        self.calls.metrics.drain.evictions_queued.inc();
         if self.queue.send(eviction).is_err() {
             // Only when the dispatcher is gone, which it never is while the evictor lives.
-            self.calls.metrics.evictions_queued.dec();
+            self.calls.metrics.drain.evictions_queued.dec();
         }
     }
 
@@ -251,7 +251,7 @@ async fn dispatch(calls: Arc<Calls>, mut queue: mpsc::UnboundedReceiver<QueuedEv
         answer,
     }) = queue.recv().await
     {
-        calls.metrics.evictions_queued.dec();
+        calls.metrics.drain.evictions_queued.dec();
         if cancel.is_cancelled() {
             continue;
         }
@@ -270,7 +270,7 @@ async fn dispatch(calls: Arc<Calls>, mut queue: mpsc::UnboundedReceiver<QueuedEv
             disruptions_allowed,
         } = verdict
         {
-            calls.metrics.evictions_held_total.inc();
+            calls.metrics.drain.evictions_held_total.inc();
             answer(order, GateVerdict::hold_outcome(&pdb, disruptions_allowed));
             continue;
         }
@@ -302,7 +302,7 @@ impl Calls {
         claimed: Option<&PdbAllowance>,
     ) -> EvictionOutcome {
         if order.is_retry {
-            self.metrics.eviction_retries_total.inc();
+            self.metrics.drain.eviction_retries_total.inc();
         }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), order.namespace());
         let params = EvictParams {
@@ -323,6 +323,7 @@ impl Calls {
         }
         let (result, code) = outcome.metric_labels();
         self.metrics
+            .drain
             .eviction_requests_total
             .with_label_values(&[result, &code])
             .inc();
@@ -651,7 +652,7 @@ mod queue {
         let got: Vec<String> =
             tokio::task::block_in_place(|| names.iter().map(|_| next_answer(&answers).0).collect());
         assert_eq!(got, names);
-        assert_eq!(evictor.calls.metrics.evictions_queued.get(), 0);
+        assert_eq!(evictor.calls.metrics.drain.evictions_queued.get(), 0);
         // The last call's slot comes back just after its answer.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while evictor.calls.slots.available_permits() != 1 {
@@ -683,6 +684,7 @@ mod queue {
         let calls: u64 = evictor
             .calls
             .metrics
+            .drain
             .eviction_requests_total
             .collect()
             .iter()
@@ -728,6 +730,6 @@ mod queue {
                 "{failed:?}"
             );
         }
-        assert_eq!(evictor.calls.metrics.evictions_held_total.get(), 1);
+        assert_eq!(evictor.calls.metrics.drain.evictions_held_total.get(), 1);
     }
 }

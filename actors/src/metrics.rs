@@ -27,56 +27,10 @@ const FAST_BUCKETS: &[f64] = &[
 
 pub struct Metrics {
     pub registry: Registry,
-    /// Requests by phase (the reason of their Ready condition).
-    pub requests: IntGaugeVecByPhase,
-    /// Time a request spent in a phase, observed when it leaves the phase.
-    pub phase_duration_seconds: HistogramVec,
-    /// Phase transitions made by the operator.
-    pub phase_transitions_total: IntCounterVec,
-    pub scheduler_runs_total: IntCounter,
-    pub scheduler_run_duration_seconds: Histogram,
-    pub available_slots: IntGauge,
-    /// -1 when maxUnavailable is unset (no limit).
-    pub can_become_unavailable: IntGauge,
-    /// Per budget and group (see [`Metrics::set_budgets`]); -1 when the budget sets no limit.
-    pub budget_available_slots: prometheus::IntGaugeVec,
-    pub budget_can_become_unavailable: prometheus::IntGaugeVec,
-    /// Pending requests by what holds them back at the last round (every cause exported).
-    pub requests_waiting: prometheus::IntGaugeVec,
-    pub requests_admitted_total: IntCounter,
-    /// Requests another operator left in progress that this one adopted.
-    pub requests_adopted_total: IntCounter,
-    /// Requests deleted by garbage collection, by cause (ready_too_long, node_not_found).
-    pub requests_garbage_collected_total: IntCounterVec,
-    /// Eviction calls by result (evicted, gone, refused, error) and HTTP code.
-    pub eviction_requests_total: IntCounterVec,
-    pub eviction_retries_total: IntCounter,
-    /// Evictions not called because their PodDisruptionBudget's disruptions were spoken for.
-    pub evictions_held_total: IntCounter,
-    /// Evictions waiting in the evictor's queue for a call slot and the rate limit.
-    pub evictions_queued: IntGauge,
-    /// Pods currently refused eviction by a PodDisruptionBudget, by namespace and PDB.
-    pub pods_blocked_by_pdb: GaugeVec,
-    /// Pods deleted past `drainSpec.forceDeleteAfterSeconds`, by the namespace and PDB bypassed
-    /// (one series per budget ever bypassed: bounded by the PDBs, never per pod or node).
-    pub pods_force_deleted_total: IntCounterVec,
-    pub drain_duration_seconds: Histogram,
-    /// Seconds since a node under maintenance last made progress.
-    pub seconds_since_progress: GaugeVec,
-    pub node_actors: IntGauge,
-    pub actor_restarts_total: IntCounter,
-    /// Failed API calls by the step that made them.
-    pub errors_total: IntCounterVec,
-    /// 1 while this process is the leader (or runs without election).
-    pub leader: Gauge,
-    /// Admission reviews answered by the webhook, by operation and verdict (allowed, denied, error).
-    pub admission_reviews_total: IntCounterVec,
-    /// API calls sent and not yet answered, per client (at most
-    /// `--max-concurrent-api-calls` each).
-    pub api_calls_in_flight: prometheus::IntGaugeVec,
-    /// Time a client's next call waited because `--max-concurrent-api-calls` calls were already
-    /// in flight: its rate is the share of the time the bound held calls back.
-    pub api_calls_throttled_seconds_total: prometheus::CounterVec,
+    pub request: RequestMetrics,
+    pub scheduler: SchedulerMetrics,
+    pub drain: DrainMetrics,
+    pub process: ProcessMetrics,
     /// The pods each PDB blocks, summed over request actors: a label set goes when its count is 0.
     blocked_by_pdb: Mutex<HashMap<(String, String), i64>>,
     /// The (budget, group) label sets exported at the last round, so that removed ones go.
@@ -127,16 +81,32 @@ fn hist(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
 }
 
 /// The request lifecycle's metrics: phases, transitions, admissions, adoptions, collection.
-struct RequestMetrics {
-    requests: IntGaugeVecByPhase,
-    phase_duration_seconds: HistogramVec,
-    phase_transitions_total: IntCounterVec,
-    requests_admitted_total: IntCounter,
-    requests_adopted_total: IntCounter,
-    requests_garbage_collected_total: IntCounterVec,
+pub struct RequestMetrics {
+    /// Requests by phase (the reason of their Ready condition).
+    pub requests: IntGaugeVecByPhase,
+    /// Time a request spent in a phase, observed when it leaves the phase.
+    pub phase_duration_seconds: HistogramVec,
+    /// Phase transitions made by the operator.
+    pub phase_transitions_total: IntCounterVec,
+    pub requests_admitted_total: IntCounter,
+    /// Requests another operator left in progress that this one adopted.
+    pub requests_adopted_total: IntCounter,
+    /// Requests deleted by garbage collection, by cause (ready_too_long, node_not_found).
+    pub requests_garbage_collected_total: IntCounterVec,
 }
 
 impl RequestMetrics {
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.requests.clone()),
+            Box::new(self.phase_duration_seconds.clone()),
+            Box::new(self.phase_transitions_total.clone()),
+            Box::new(self.requests_admitted_total.clone()),
+            Box::new(self.requests_adopted_total.clone()),
+            Box::new(self.requests_garbage_collected_total.clone()),
+        ]
+    }
+
     fn new() -> Result<Self, MetricsError> {
         Ok(RequestMetrics {
             requests: prometheus::IntGaugeVec::new(
@@ -178,17 +148,32 @@ impl RequestMetrics {
 }
 
 /// The scheduling round's metrics: its runs, and the room under the limits at the last one.
-struct SchedulerMetrics {
-    scheduler_runs_total: IntCounter,
-    scheduler_run_duration_seconds: Histogram,
-    available_slots: IntGauge,
-    can_become_unavailable: IntGauge,
-    budget_available_slots: prometheus::IntGaugeVec,
-    budget_can_become_unavailable: prometheus::IntGaugeVec,
-    requests_waiting: prometheus::IntGaugeVec,
+pub struct SchedulerMetrics {
+    pub scheduler_runs_total: IntCounter,
+    pub scheduler_run_duration_seconds: Histogram,
+    pub available_slots: IntGauge,
+    /// -1 when maxUnavailable is unset (no limit).
+    pub can_become_unavailable: IntGauge,
+    /// Per budget and group (see [`Metrics::set_budgets`]); -1 when the budget sets no limit.
+    pub budget_available_slots: prometheus::IntGaugeVec,
+    pub budget_can_become_unavailable: prometheus::IntGaugeVec,
+    /// Pending requests by what holds them back at the last round (every cause exported).
+    pub requests_waiting: prometheus::IntGaugeVec,
 }
 
 impl SchedulerMetrics {
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.scheduler_runs_total.clone()),
+            Box::new(self.scheduler_run_duration_seconds.clone()),
+            Box::new(self.available_slots.clone()),
+            Box::new(self.can_become_unavailable.clone()),
+            Box::new(self.budget_available_slots.clone()),
+            Box::new(self.budget_can_become_unavailable.clone()),
+            Box::new(self.requests_waiting.clone()),
+        ]
+    }
+
     fn new() -> Result<Self, MetricsError> {
         Ok(SchedulerMetrics {
             scheduler_runs_total: IntCounter::with_opts(opts(
@@ -234,18 +219,38 @@ impl SchedulerMetrics {
 }
 
 /// The drains' metrics: eviction calls, what PodDisruptionBudgets hold back, progress.
-struct DrainMetrics {
-    eviction_requests_total: IntCounterVec,
-    eviction_retries_total: IntCounter,
-    evictions_held_total: IntCounter,
-    evictions_queued: IntGauge,
-    pods_blocked_by_pdb: GaugeVec,
-    pods_force_deleted_total: IntCounterVec,
-    drain_duration_seconds: Histogram,
-    seconds_since_progress: GaugeVec,
+pub struct DrainMetrics {
+    /// Eviction calls by result (evicted, gone, refused, error) and HTTP code.
+    pub eviction_requests_total: IntCounterVec,
+    pub eviction_retries_total: IntCounter,
+    /// Evictions not called because their PodDisruptionBudget's disruptions were spoken for.
+    pub evictions_held_total: IntCounter,
+    /// Evictions waiting in the evictor's queue for a call slot and the rate limit.
+    pub evictions_queued: IntGauge,
+    /// Pods currently refused eviction by a PodDisruptionBudget, by namespace and PDB.
+    pub pods_blocked_by_pdb: GaugeVec,
+    /// Pods deleted past `drainSpec.forceDeleteAfterSeconds`, by the namespace and PDB bypassed
+    /// (one series per budget ever bypassed: bounded by the PDBs, never per pod or node).
+    pub pods_force_deleted_total: IntCounterVec,
+    pub drain_duration_seconds: Histogram,
+    /// Seconds since a node under maintenance last made progress.
+    pub seconds_since_progress: GaugeVec,
 }
 
 impl DrainMetrics {
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.eviction_requests_total.clone()),
+            Box::new(self.eviction_retries_total.clone()),
+            Box::new(self.evictions_held_total.clone()),
+            Box::new(self.evictions_queued.clone()),
+            Box::new(self.pods_blocked_by_pdb.clone()),
+            Box::new(self.pods_force_deleted_total.clone()),
+            Box::new(self.drain_duration_seconds.clone()),
+            Box::new(self.seconds_since_progress.clone()),
+        ]
+    }
+
     fn new() -> Result<Self, MetricsError> {
         Ok(DrainMetrics {
             eviction_requests_total: IntCounterVec::new(
@@ -298,17 +303,36 @@ impl DrainMetrics {
 }
 
 /// The process's metrics: request actors, failed and bounded API calls, leadership, the webhook.
-struct ProcessMetrics {
-    node_actors: IntGauge,
-    actor_restarts_total: IntCounter,
-    errors_total: IntCounterVec,
-    leader: Gauge,
-    admission_reviews_total: IntCounterVec,
-    api_calls_in_flight: prometheus::IntGaugeVec,
-    api_calls_throttled_seconds_total: prometheus::CounterVec,
+pub struct ProcessMetrics {
+    pub node_actors: IntGauge,
+    pub actor_restarts_total: IntCounter,
+    /// Failed API calls by the step that made them.
+    pub errors_total: IntCounterVec,
+    /// 1 while this process is the leader (or runs without election).
+    pub leader: Gauge,
+    /// Admission reviews answered by the webhook, by operation and verdict (allowed, denied, error).
+    pub admission_reviews_total: IntCounterVec,
+    /// API calls sent and not yet answered, per client (at most
+    /// `--max-concurrent-api-calls` each).
+    pub api_calls_in_flight: prometheus::IntGaugeVec,
+    /// Time a client's next call waited because `--max-concurrent-api-calls` calls were already
+    /// in flight: its rate is the share of the time the bound held calls back.
+    pub api_calls_throttled_seconds_total: prometheus::CounterVec,
 }
 
 impl ProcessMetrics {
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.node_actors.clone()),
+            Box::new(self.actor_restarts_total.clone()),
+            Box::new(self.errors_total.clone()),
+            Box::new(self.leader.clone()),
+            Box::new(self.admission_reviews_total.clone()),
+            Box::new(self.api_calls_in_flight.clone()),
+            Box::new(self.api_calls_throttled_seconds_total.clone()),
+        ]
+    }
+
     fn new() -> Result<Self, MetricsError> {
         Ok(ProcessMetrics {
             node_actors: IntGauge::with_opts(opts(
@@ -357,9 +381,11 @@ impl Metrics {
     /// A scheduling decision's gauges: free slots, room for unavailable nodes, each budget's
     /// groups, and the waiting requests by cause.
     pub fn record_decision(&self, decision: &maintenance_core::scheduler::Decision) {
-        self.available_slots
+        self.scheduler
+            .available_slots
             .set(i64::from(decision.available_slots));
-        self.can_become_unavailable
+        self.scheduler
+            .can_become_unavailable
             .set(decision.can_become_unavailable.map_or(-1, i64::from));
         let samples: Vec<BudgetSample<'_>> = decision
             .budgets
@@ -387,79 +413,20 @@ impl Metrics {
             *counts.entry(phase).or_default() += 1;
         }
         for (phase, count) in counts {
-            self.requests
+            self.request
+                .requests
                 .with_label_values(&[phase.as_str()])
                 .set(count);
         }
     }
     /// Every metric, registered, with the label sets known in advance exported at 0.
     pub fn new() -> Result<Metrics, MetricsError> {
-        let RequestMetrics {
-            requests,
-            phase_duration_seconds,
-            phase_transitions_total,
-            requests_admitted_total,
-            requests_adopted_total,
-            requests_garbage_collected_total,
-        } = RequestMetrics::new()?;
-        let SchedulerMetrics {
-            scheduler_runs_total,
-            scheduler_run_duration_seconds,
-            available_slots,
-            can_become_unavailable,
-            budget_available_slots,
-            budget_can_become_unavailable,
-            requests_waiting,
-        } = SchedulerMetrics::new()?;
-        let DrainMetrics {
-            eviction_requests_total,
-            eviction_retries_total,
-            evictions_held_total,
-            evictions_queued,
-            pods_blocked_by_pdb,
-            pods_force_deleted_total,
-            drain_duration_seconds,
-            seconds_since_progress,
-        } = DrainMetrics::new()?;
-        let ProcessMetrics {
-            node_actors,
-            actor_restarts_total,
-            errors_total,
-            leader,
-            admission_reviews_total,
-            api_calls_in_flight,
-            api_calls_throttled_seconds_total,
-        } = ProcessMetrics::new()?;
         let m = Metrics {
             registry: Registry::new(),
-            requests,
-            phase_duration_seconds,
-            phase_transitions_total,
-            scheduler_runs_total,
-            scheduler_run_duration_seconds,
-            available_slots,
-            can_become_unavailable,
-            budget_available_slots,
-            budget_can_become_unavailable,
-            requests_waiting,
-            requests_admitted_total,
-            requests_adopted_total,
-            requests_garbage_collected_total,
-            eviction_requests_total,
-            eviction_retries_total,
-            evictions_held_total,
-            evictions_queued,
-            pods_blocked_by_pdb,
-            pods_force_deleted_total,
-            drain_duration_seconds,
-            seconds_since_progress,
-            node_actors,
-            actor_restarts_total,
-            errors_total,
-            leader,
-            admission_reviews_total,
-            api_calls_in_flight,
-            api_calls_throttled_seconds_total,
+            request: RequestMetrics::new()?,
+            scheduler: SchedulerMetrics::new()?,
+            drain: DrainMetrics::new()?,
+            process: ProcessMetrics::new()?,
             blocked_by_pdb: Mutex::new(HashMap::new()),
             budget_series: Mutex::new(HashSet::new()),
         };
@@ -471,63 +438,46 @@ impl Metrics {
     /// Creates the series of every label set known in advance (at 0), before any sample.
     fn export_known_series(&self) {
         for phase in maintenance_crds::Phase::ALL {
-            self.requests.with_label_values(&[phase.as_str()]).set(0);
+            self.request
+                .requests
+                .with_label_values(&[phase.as_str()])
+                .set(0);
         }
         for cause in maintenance_core::scheduler::WaitCause::ALL {
-            self.requests_waiting
+            self.scheduler
+                .requests_waiting
                 .with_label_values(&[cause.as_str()])
                 .set(0);
         }
         for cause in maintenance_core::gc::Cause::METRIC_LABELS {
-            self.requests_garbage_collected_total
+            self.request
+                .requests_garbage_collected_total
                 .with_label_values(&[cause]);
         }
         for client in ApiClient::ALL {
-            self.api_calls_in_flight
+            self.process
+                .api_calls_in_flight
                 .with_label_values(&[client.as_str()]);
-            self.api_calls_throttled_seconds_total
+            self.process
+                .api_calls_throttled_seconds_total
                 .with_label_values(&[client.as_str()]);
         }
         // Exported at 0 from the start, so that rate() and alerts see the first review.
         for operation in [Operation::Create, Operation::Update] {
             for verdict in Outcome::ALL {
-                self.admission_reviews_total
+                self.process
+                    .admission_reviews_total
                     .with_label_values(&[operation.as_str(), verdict.as_str()]);
             }
         }
     }
 
     fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
-        vec![
-            Box::new(self.requests.clone()),
-            Box::new(self.phase_duration_seconds.clone()),
-            Box::new(self.phase_transitions_total.clone()),
-            Box::new(self.scheduler_runs_total.clone()),
-            Box::new(self.scheduler_run_duration_seconds.clone()),
-            Box::new(self.available_slots.clone()),
-            Box::new(self.can_become_unavailable.clone()),
-            Box::new(self.budget_available_slots.clone()),
-            Box::new(self.budget_can_become_unavailable.clone()),
-            Box::new(self.requests_waiting.clone()),
-            Box::new(self.requests_admitted_total.clone()),
-            Box::new(self.requests_adopted_total.clone()),
-            Box::new(self.requests_garbage_collected_total.clone()),
-            Box::new(self.eviction_requests_total.clone()),
-            Box::new(self.eviction_retries_total.clone()),
-            Box::new(self.evictions_held_total.clone()),
-            Box::new(self.evictions_queued.clone()),
-            Box::new(self.pods_blocked_by_pdb.clone()),
-            Box::new(self.pods_force_deleted_total.clone()),
-            Box::new(self.drain_duration_seconds.clone()),
-            Box::new(self.seconds_since_progress.clone()),
-            Box::new(self.node_actors.clone()),
-            Box::new(self.actor_restarts_total.clone()),
-            Box::new(self.errors_total.clone()),
-            Box::new(self.leader.clone()),
-            Box::new(self.admission_reviews_total.clone()),
-            Box::new(self.api_calls_in_flight.clone()),
-            Box::new(self.api_calls_throttled_seconds_total.clone()),
-        ]
+        let mut all = self.request.collectors();
+        all.extend(self.scheduler.collectors());
+        all.extend(self.drain.collectors());
+        all.extend(self.process.collectors());
+        all
     }
 
     fn register_all(&self) -> Result<(), MetricsError> {
@@ -561,12 +511,14 @@ impl Metrics {
         if total == 0 {
             counts.remove(&key);
             let _ = self
+                .drain
                 .pods_blocked_by_pdb
                 .remove_label_values(&[namespace, pdb]);
         } else {
             // Precision is no concern: counts of pods.
             #[allow(clippy::cast_precision_loss)]
-            self.pods_blocked_by_pdb
+            self.drain
+                .pods_blocked_by_pdb
                 .with_label_values(&[namespace, pdb])
                 .set(total as f64);
         }
@@ -584,7 +536,8 @@ impl Metrics {
         }
         for cause in maintenance_core::scheduler::WaitCause::ALL {
             let label = cause.as_str();
-            self.requests_waiting
+            self.scheduler
+                .requests_waiting
                 .with_label_values(&[label])
                 .set(counts.get(label).copied().unwrap_or(0));
         }
@@ -600,18 +553,24 @@ impl Metrics {
         let mut now: HashSet<(String, String)> = HashSet::new();
         for sample in samples {
             let labels = [sample.budget, sample.group];
-            self.budget_available_slots
+            self.scheduler
+                .budget_available_slots
                 .with_label_values(&labels)
                 .set(unlimited(sample.available_slots));
-            self.budget_can_become_unavailable
+            self.scheduler
+                .budget_can_become_unavailable
                 .with_label_values(&labels)
                 .set(unlimited(sample.can_become_unavailable));
             now.insert((sample.budget.to_string(), sample.group.to_string()));
         }
         for (budget, group) in exported.difference(&now) {
             let labels = [budget.as_str(), group.as_str()];
-            let _ = self.budget_available_slots.remove_label_values(&labels);
             let _ = self
+                .scheduler
+                .budget_available_slots
+                .remove_label_values(&labels);
+            let _ = self
+                .scheduler
                 .budget_can_become_unavailable
                 .remove_label_values(&labels);
         }
@@ -638,18 +597,25 @@ mod tests {
     #[test]
     fn every_metric_is_registered_with_the_prefix() {
         let m = super::Metrics::new().expect("metrics register");
-        m.errors_total.with_label_values(&["x"]).inc();
-        m.eviction_requests_total
+        m.process.errors_total.with_label_values(&["x"]).inc();
+        m.drain
+            .eviction_requests_total
             .with_label_values(&["evicted", "201"])
             .inc();
-        m.pods_blocked_by_pdb
+        m.drain
+            .pods_blocked_by_pdb
             .with_label_values(&["ns", "p"])
             .set(1.0);
-        m.seconds_since_progress.with_label_values(&["n"]).set(1.0);
-        m.phase_duration_seconds
+        m.drain
+            .seconds_since_progress
+            .with_label_values(&["n"])
+            .set(1.0);
+        m.request
+            .phase_duration_seconds
             .with_label_values(&["Draining"])
             .observe(1.0);
-        m.phase_transitions_total
+        m.request
+            .phase_transitions_total
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();

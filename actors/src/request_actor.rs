@@ -90,7 +90,7 @@ pub struct RequestArgs {
 /// runs no `post_stop` (the node-actor count and the request's series would stay for good).
 impl Drop for RequestActorState {
     fn drop(&mut self) {
-        self.ctx.metrics.node_actors.dec();
+        self.ctx.metrics.process.node_actors.dec();
         // An actor that is gone blocks nothing and watches no progress.
         report_metrics(self, BTreeMap::new(), None);
     }
@@ -142,7 +142,7 @@ struct PodWatch {
 impl RequestActorState {
     /// A fresh actor's state; counted in the node-actor gauge until it is dropped.
     fn new(args: RequestArgs) -> Self {
-        args.ctx.metrics.node_actors.inc();
+        args.ctx.metrics.process.node_actors.inc();
         RequestActorState {
             ctx: args.ctx,
             request: args.request,
@@ -603,7 +603,7 @@ async fn execute_action(
                 %phase,
                 "adopted a request another operator left in progress"
             );
-            state.ctx.metrics.requests_adopted_total.inc();
+            state.ctx.metrics.request.requests_adopted_total.inc();
             let note = format!(
                 "adopted in phase {phase} from another operator; the phase's timeouts count from {}",
                 maintenance_core::conditions::phase_since(&state.request).unwrap_or(*at)
@@ -659,6 +659,7 @@ async fn execute_action(
                 state
                     .ctx
                     .metrics
+                    .request
                     .phase_duration_seconds
                     .with_label_values(&[phase.as_str()])
                     .observe(spent.as_secs_f64());
@@ -667,6 +668,7 @@ async fn execute_action(
         Action::DrainFinished { after } => state
             .ctx
             .metrics
+            .drain
             .drain_duration_seconds
             .observe(after.as_secs_f64()),
     }
@@ -722,6 +724,7 @@ fn start_force_delete(
                     "deleted a pod past forceDeleteAfterSeconds, bypassing its PodDisruptionBudget"
                 );
                 ctx.metrics
+                    .drain
                     .pods_force_deleted_total
                     .with_label_values(&[order.namespace.as_str(), order.pdb.as_str()])
                     .inc();
@@ -900,6 +903,7 @@ fn report_metrics(
         let after = now.get(key).copied().unwrap_or(0);
         if has_deadline && before == 0 && after > 0 {
             metrics
+                .drain
                 .pods_force_deleted_total
                 .with_label_values(&[key.0.as_str(), key.1.as_str()]);
         }
@@ -910,7 +914,7 @@ fn report_metrics(
         }
     }
     state.reported_pdbs = now;
-    let gauge = &metrics.seconds_since_progress;
+    let gauge = &metrics.drain.seconds_since_progress;
     match last_progress {
         Some(at) => {
             let seconds = jiff::Timestamp::now().duration_since(at).as_secs_f64();
@@ -1054,7 +1058,7 @@ mod tests {
         let ctx = context();
         let metrics = ctx.metrics.clone();
         let mut state = state(ctx);
-        assert_eq!(metrics.node_actors.get(), 1);
+        assert_eq!(metrics.process.node_actors.get(), 1);
         report_metrics(&mut state, BTreeMap::new(), Some(jiff::Timestamp::now()));
         metrics.add_pods_blocked_by_pdb("team", "db", 2);
         state
@@ -1066,7 +1070,7 @@ mod tests {
 
         drop(state);
         let after = metrics.render();
-        assert_eq!(metrics.node_actors.get(), 0);
+        assert_eq!(metrics.process.node_actors.get(), 0);
         assert!(!after.contains("node=\"node-1\""), "{after}");
         assert!(!after.contains("pdb=\"db\""), "{after}");
     }

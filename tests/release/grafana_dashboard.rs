@@ -198,18 +198,28 @@ fn selectors_in(expr: &str) -> Vec<String> {
 /// `Metrics` with labels must get a label set here before the dashboard can use it.
 fn exported_metrics() -> BTreeMap<String, MetricType> {
     let m = Metrics::new().expect("the operator's metrics register");
-    m.phase_duration_seconds.with_label_values(&["Pending"]);
-    m.phase_transitions_total
+    m.request
+        .phase_duration_seconds
+        .with_label_values(&["Pending"]);
+    m.request
+        .phase_transitions_total
         .with_label_values(&["Pending", "Scheduled"]);
-    m.eviction_requests_total
+    m.drain
+        .eviction_requests_total
         .with_label_values(&["evicted", "201"]);
-    m.pods_blocked_by_pdb.with_label_values(&["ns", "pdb"]);
-    m.pods_force_deleted_total.with_label_values(&["ns", "pdb"]);
-    m.seconds_since_progress.with_label_values(&["node"]);
-    m.errors_total.with_label_values(&["node_step"]);
-    m.budget_available_slots
+    m.drain
+        .pods_blocked_by_pdb
+        .with_label_values(&["ns", "pdb"]);
+    m.drain
+        .pods_force_deleted_total
+        .with_label_values(&["ns", "pdb"]);
+    m.drain.seconds_since_progress.with_label_values(&["node"]);
+    m.process.errors_total.with_label_values(&["node_step"]);
+    m.scheduler
+        .budget_available_slots
         .with_label_values(&["budget", "group"]);
-    m.budget_can_become_unavailable
+    m.scheduler
+        .budget_can_become_unavailable
         .with_label_values(&["budget", "group"]);
     let families: BTreeMap<String, MetricType> = m
         .registry

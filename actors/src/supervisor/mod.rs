@@ -268,7 +268,7 @@ impl Actor for Supervisor {
                 state.actors.remove(&uid);
                 let (failures, delay) = state.tracker.actor_failed(&uid, Instant::now().into_std());
                 tracing::error!(%uid, %err, failures, restart_in = ?delay, "request actor failed; restarting");
-                state.ctx.metrics.actor_restarts_total.inc();
+                state.ctx.metrics.process.actor_restarts_total.inc();
                 myself.send_after(delay, || SupervisorMsg::Changed);
             }
             _ => {}
@@ -312,7 +312,7 @@ async fn admission_answered(
     let AdmitOutcome::Done(written) = outcome else {
         return false;
     };
-    state.ctx.metrics.requests_admitted_total.inc();
+    state.ctx.metrics.request.requests_admitted_total.inc();
     let node_exists = state
         .nodes
         .get(&reflector::ObjectRef::new(&written.spec.node_name))
@@ -411,8 +411,9 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         taint_waiting_nodes,
     );
     sync_actors(myself, state, &requests, &cache).await;
-    ctx.metrics.scheduler_runs_total.inc();
+    ctx.metrics.scheduler.scheduler_runs_total.inc();
     ctx.metrics
+        .scheduler
         .scheduler_run_duration_seconds
         .observe(started.elapsed().as_secs_f64());
 }

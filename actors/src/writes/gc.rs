@@ -17,6 +17,7 @@ pub(crate) async fn delete_collected(ctx: &Context, collect: Vec<(&NodeMaintenan
         match collect_one(ctx, request, &cause).await {
             Ok(true) => {
                 ctx.metrics
+                    .request
                     .requests_garbage_collected_total
                     .with_label_values(&[cause.metric_label()])
                     .inc();
