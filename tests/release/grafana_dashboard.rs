@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::prometheus_server::{Prometheus, required_tool};
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -589,22 +590,6 @@ fn alerts_tell_on_call_what_to_look_at() {
 // ---------------------------------------------------------------------------------------------
 // promtool
 
-/// `name` on the PATH. Absent, the test fails: a test that skips itself when its tool is missing
-/// reports a pass for a check that never ran.
-fn required_tool(name: &str) -> PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "{name} is not on the PATH: install Debian's `prometheus` package, which provides \
-             prometheus and promtool (apt-get install --no-install-recommends prometheus)"
-        )
-    })
-}
-
 fn run_tool(cmd: &mut Command) -> (bool, String) {
     let out = cmd
         .stdin(Stdio::null())
@@ -858,67 +843,6 @@ fn promtool_unit_tests_show_when_each_alert_fires() {
 // ---------------------------------------------------------------------------------------------
 // End to end: a real Prometheus scraping the operator on the testbed
 
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// A Prometheus server of our own.
-struct Prom {
-    port: u16,
-}
-
-impl Prom {
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// `GET /api/v1/<endpoint>`: the `data` of a successful answer.
-    async fn api(&self, endpoint: &str) -> Result<Value> {
-        let (status, body) = http_get(&self.url(&format!("/api/v1/{endpoint}"))).await?;
-        let answer: Value = serde_json::from_str(&body)
-            .with_context(|| format!("HTTP {status}, not JSON: {body:.300}"))?;
-        if status != 200 || answer["status"] != "success" {
-            bail!(
-                "HTTP {status}: {} {}",
-                answer["errorType"],
-                answer["error"].as_str().unwrap_or(&body)
-            );
-        }
-        Ok(answer["data"].clone())
-    }
-
-    /// An instant query: its samples as (labels, value).
-    async fn query(&self, expr: &str) -> Result<Vec<(Value, f64)>> {
-        let data = self
-            .api(&format!("query?query={}", percent_encode(expr)))
-            .await
-            .with_context(|| format!("query {expr}"))?;
-        let results = match data["resultType"].as_str() {
-            Some("vector") => data["result"].as_array().cloned().unwrap_or_default(),
-            Some("scalar") => vec![json!({ "metric": {}, "value": data["result"] })],
-            other => bail!("query {expr}: unexpected result type {other:?}"),
-        };
-        Ok(results
-            .into_iter()
-            .map(|r| {
-                let value = r["value"][1]
-                    .as_str()
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(f64::NAN);
-                (r["metric"].clone(), value)
-            })
-            .collect())
-    }
-}
-
 fn describe(samples: &[(Value, f64)]) -> String {
     if samples.is_empty() {
         return "empty result".into();
@@ -953,28 +877,6 @@ fn nodemaintenance(name: &str, node: &str) -> NodeMaintenance {
     )
 }
 
-async fn wait_phase(
-    api: &Api<NodeMaintenance>,
-    name: &str,
-    phase: Phase,
-    timeout: Duration,
-) -> Result<NodeMaintenance> {
-    wait_until(
-        &format!("NodeMaintenance {name} to reach {phase}"),
-        timeout,
-        || async move {
-            let nm = api.get(name).await?;
-            // Pending must be written (not merely unseen); Scheduled may be the admission's alone.
-            let shown = phase != Phase::Pending || nm.condition(condition_type::READY).is_some();
-            if shown && nm.phase() == phase {
-                return Ok(Check::Done(nm));
-            }
-            Ok(Check::Pending(format!("status {:?}", nm.status)))
-        },
-    )
-    .await
-}
-
 /// Nodes carrying this label refuse to be cordoned (a ValidatingAdmissionPolicy), so the
 /// operator's cordon step fails and `errors_total{step="node_step"}` counts real API errors.
 const CORDON_FORBIDDEN_LABEL: (&str, &str) =
@@ -983,7 +885,6 @@ const CORDON_FORBIDDEN_LABEL: (&str, &str) =
 #[tokio::test]
 async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometheus() -> Result<()>
 {
-    let prometheus = required_tool("prometheus");
     let started = Instant::now();
     // Dropped last (locals drop in reverse order): the processes go before their directory, and
     // the control plane after everything that talks to it.
@@ -1078,45 +979,15 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
             .env("NO_COLOR", "1"),
         work.path().join("operator.log"),
     )?;
-    let prom_port = free_port()?;
-    let prom_config = json!({
-        "global": { "scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s" },
-        "rule_files": [alerts_path()],
-        "scrape_configs": [{
-            "job_name": "maintenance-operator",
-            "static_configs": [{ "targets": [format!("127.0.0.1:{metrics_port}")] }],
-        }],
-    });
-    let prom_config_path = work.path().join("prometheus.yml");
-    std::fs::write(&prom_config_path, serde_norway::to_string(&prom_config)?)?;
-    let mut prom_process = Helper::spawn(
-        "prometheus",
-        Command::new(&prometheus)
-            .arg(format!("--config.file={}", prom_config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                work.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}")),
-        work.path().join("prometheus.log"),
-    )?;
-    let prom = Prom { port: prom_port };
+    let targets = [format!("127.0.0.1:{metrics_port}")];
+    let prom = Prometheus::start(work.path(), &targets, &[alerts_path()])?;
 
-    let result = scenario(
-        &client,
-        &prom,
-        &mut operator,
-        &mut prom_process,
-        &ns,
-        &nodes,
-        &locked[0],
-    )
-    .await;
+    let result = scenario(&client, &prom, &mut operator, &ns, &nodes, &locked[0]).await;
     if let Err(err) = &result {
         eprintln!(
             "FAILED: {err:#}\n--- operator log (tail) ---\n{}\n--- prometheus log (tail) ---\n{}",
             operator.log_tail(80),
-            prom_process.log_tail(30)
+            prom.log_tail(30)
         );
     } else {
         eprintln!(
@@ -1129,15 +1000,14 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
 
 async fn scenario(
     client: &kube::Client,
-    prom: &Prom,
+    prom: &Prometheus,
     operator: &mut Helper,
-    prom_process: &mut Helper,
     ns: &str,
     nodes: &[String],
     locked: &str,
 ) -> Result<()> {
     wait_until("Prometheus to be ready", 2 * MINUTE, || {
-        let running = prom_process.ensure_running();
+        let running = prom.ensure_running();
         async move {
             running?;
             let (status, body) = http_get(&prom.url("/-/ready")).await?;
@@ -1208,8 +1078,8 @@ async fn scenario(
     nms.create(&PostParams::default(), &forced)
         .await
         .context("creating NodeMaintenance forced")?;
-    wait_phase(&nms, "drained", Phase::Ready, 2 * MINUTE).await?;
-    wait_phase(&nms, "forced", Phase::Ready, 2 * MINUTE).await?;
+    wait_phase(client, ns, "drained", Phase::Ready, 2 * MINUTE).await?;
+    wait_phase(client, ns, "forced", Phase::Ready, 2 * MINUTE).await?;
     // Released at once: the phase panel counts one Ready request at the end.
     nms.delete("forced", &DeleteParams::default()).await?;
     let blocked = wait_until(
@@ -1241,7 +1111,7 @@ async fn scenario(
         blocked.status
     );
     // The Scheduled step cordons before it moves on: a refused cordon holds it there.
-    wait_phase(&nms, "refused", Phase::Scheduled, MINUTE).await?;
+    wait_phase(client, ns, "refused", Phase::Scheduled, MINUTE).await?;
 
     // Wave two, once Prometheus holds the series of wave one, so histograms and counters
     // labelled in wave one increase (rates and quantiles need two points).
@@ -1273,7 +1143,7 @@ async fn scenario(
     )
     .await
     .context("creating NodeMaintenance second")?;
-    wait_phase(&nms, "second", Phase::Ready, 2 * MINUTE).await?;
+    wait_phase(client, ns, "second", Phase::Ready, 2 * MINUTE).await?;
 
     // Releasing a Ready request: cleanup uncordons the node and drops the finalizer.
     nms.delete("drained", &DeleteParams::default()).await?;
@@ -1387,7 +1257,7 @@ async fn scenario(
             );
         }
         operator.ensure_running()?;
-        prom_process.ensure_running()?;
+        prom.ensure_running()?;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 

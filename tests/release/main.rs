@@ -11,4 +11,5 @@
 mod grafana_dashboard;
 mod helm_chart;
 mod image;
+mod prometheus_server;
 mod real_node;

@@ -24,11 +24,12 @@ use maintenance_crds::{NodeMaintenance, Phase};
 use serde_json::{Value, json};
 use support::chart::*;
 use support::invariants::{InvariantMonitor, Scope};
-use support::operator::{OPERATOR_NAMESPACE, OUR_LEASE, free_port, http_get};
+use support::operator::{OPERATOR_NAMESPACE, OUR_LEASE};
 use support::*;
 
 use crate::helm_chart::helm;
 use crate::image::image_archive;
+use crate::prometheus_server::Prometheus;
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// containerd of the real node (tests/testbed/real-node.sh).
@@ -368,20 +369,14 @@ async fn check_metrics_scrape(client: &kube::Client, dir: &Path) -> Result<()> {
         })
     })
     .await?;
-    let prometheus = Prometheus::start(&targets, dir)?;
-    let log = dir.join("prometheus.log");
+    let prometheus = Prometheus::start(dir, &targets, &[])?;
     wait_until(
         "Prometheus to scrape both operator pods",
         2 * MINUTE,
         || async {
-            if let Some(status) = prometheus.exited() {
-                bail!(
-                    "prometheus exited ({status}): {}",
-                    read(&log).unwrap_or_default()
-                );
-            }
-            let up = prometheus.query("up").await?;
-            let leader = prometheus.query("maintenance_operator_leader").await?;
+            prometheus.ensure_running()?;
+            let up = prometheus.values("up").await?;
+            let leader = prometheus.values("maintenance_operator_leader").await?;
             Ok(
                 if up == [1.0, 1.0] && leader.len() == 2 && leader.iter().sum::<f64>() == 1.0 {
                     Check::Done(())
@@ -392,75 +387,6 @@ async fn check_metrics_scrape(client: &kube::Client, dir: &Path) -> Result<()> {
         },
     )
     .await
-}
-
-/// A Prometheus of our own, discovering the metrics Service's endpoints on the testbed and
-/// scraping them every second.
-struct Prometheus {
-    port: u16,
-    child: std::sync::Mutex<std::process::Child>,
-}
-
-impl Prometheus {
-    fn start(targets: &[String], dir: &Path) -> Result<Prometheus> {
-        let port = free_port()?;
-        let config = json!({
-            "global": { "scrape_interval": "1s" },
-            "scrape_configs": [{
-                "job_name": "maintenance-operator",
-                "static_configs": [{ "targets": targets }],
-            }],
-        });
-        let config_path = dir.join("prometheus.yml");
-        std::fs::write(&config_path, serde_norway::to_string(&config)?)?;
-        let log = std::fs::File::create(dir.join("prometheus.log"))?;
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting prometheus (Debian: prometheus)")?;
-        Ok(Prometheus {
-            port,
-            child: std::sync::Mutex::new(child),
-        })
-    }
-
-    fn exited(&self) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.lock().ok()?;
-        child.try_wait().ok().flatten()
-    }
-
-    /// An instant query of a bare metric name (no characters to escape in the URL): the values
-    /// of its series.
-    async fn query(&self, metric: &str) -> Result<Vec<f64>> {
-        let url = format!("http://127.0.0.1:{}/api/v1/query?query={metric}", self.port);
-        let (status, body) = http_get(&url).await?;
-        ensure!(status == 200, "GET {url}: HTTP {status}: {body:.300}");
-        let answer: Value = serde_json::from_str(&body)?;
-        let results = answer["data"]["result"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        Ok(results
-            .iter()
-            .filter_map(|r| r["value"][1].as_str().and_then(|v| v.parse().ok()))
-            .collect())
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        if let Ok(child) = self.child.get_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// `address:port` of each ready endpoint of a Service's named port, from its EndpointSlices.
@@ -962,25 +888,4 @@ async fn the_graceful_end_check_catches_a_force_deletion(
 
 fn kubectl_out(testbed: &Testbed, args: &[&str]) -> String {
     run(kubectl(testbed).args(args)).unwrap_or_else(|e| format!("{e:#}"))
-}
-
-async fn wait_phase(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    phase: Phase,
-    timeout: Duration,
-) -> Result<()> {
-    wait_until(
-        &format!("NodeMaintenance {name} to reach {phase}"),
-        timeout,
-        || async {
-            let request = get_request(client, ns, name).await?;
-            Ok(match request {
-                Some(r) if r.phase() == phase => Check::Done(()),
-                other => Check::Pending(format!("{:?}", other.map(|r| r.status))),
-            })
-        },
-    )
-    .await
 }
