@@ -544,14 +544,19 @@ fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
 }
 
-/// Follows the drain of the node: the time each workload pod on it disappears, and the fewest
-/// Ready workload pods seen (by their readiness probes) at any moment. Kills the leader pod once
-/// the first pod is gone, then the new leader's process once the second one is.
-async fn follow_drain(
-    client: &kube::Client,
-    ns: &str,
-    initial: &[String],
-) -> Result<(BTreeMap<String, i64>, usize, Vec<String>)> {
+/// What the test saw of the drain of the real node.
+struct DrainSeen {
+    /// When each workload pod on the node disappeared from the API (ms since the epoch).
+    gone: BTreeMap<String, i64>,
+    /// The fewest Ready workload pods (by their readiness probes) at any moment.
+    fewest_ready: usize,
+    /// What the test did to the operator meanwhile.
+    kills: Vec<String>,
+}
+
+/// Follows the drain of the node (see [`DrainSeen`]). Kills the leader pod once the first pod
+/// is gone, then the new leader's process once the second one is.
+async fn follow_drain(client: &kube::Client, ns: &str, initial: &[String]) -> Result<DrainSeen> {
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut gone = BTreeMap::new();
     let mut fewest_ready = usize::MAX;
@@ -587,7 +592,11 @@ async fn follow_drain(
         }
         tokio::time::sleep(POLL_INTERVAL).await;
     }
-    Ok((gone, fewest_ready, kills))
+    Ok(DrainSeen {
+        gone,
+        fewest_ready,
+        kills,
+    })
 }
 
 /// `kubectl delete pod` of the Lease holder.
@@ -777,7 +786,11 @@ async fn drain(testbed: &Testbed, client: &kube::Client, ns: &str) -> Result<()>
         ..request_spec(REAL_NODE, "real-node-test.maintenance.nvidia.com")
     };
     create_request(client, ns, REAL_NODE, spec).await?;
-    let (gone, fewest_ready, kills) = follow_drain(client, ns, &initial).await?;
+    let DrainSeen {
+        gone,
+        fewest_ready,
+        kills,
+    } = follow_drain(client, ns, &initial).await?;
     ensure!(
         fewest_ready >= REPLICAS - 1,
         "only {fewest_ready} of {REPLICAS} pods were Ready at one moment: the budget allows one down"
