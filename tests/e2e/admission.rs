@@ -118,10 +118,10 @@ async fn the_api_server_validates_admission() -> Result<()> {
             },
         )
     };
-    // The README's example is accepted.
+    // The example in docs/configuration.md is accepted.
     api.create(&Default::default(), &with("readme", 900))
         .await
-        .context("the README's admission example should be accepted")?;
+        .context("the admission example of docs/configuration.md should be accepted")?;
     expect_invalid(
         &api,
         &with("negative", -1),

@@ -291,7 +291,7 @@ async fn the_api_server_validates_budgets_and_windows() -> Result<()> {
     let (client, ns) = crd_namespace("fleet-crd").await?;
     let api: Api<MaintenanceOperatorConfig> = Api::namespaced(client.clone(), &ns);
 
-    // The README's examples are accepted.
+    // The examples in docs/configuration.md are accepted.
     let pools = Budget {
         name: "pools".into(),
         node_selector: Some(LabelSelector {
@@ -325,7 +325,7 @@ async fn the_api_server_validates_budgets_and_windows() -> Result<()> {
     }]);
     api.create(&Default::default(), &config("readme", readme))
         .await
-        .context("the README's examples should be accepted")?;
+        .context("the examples of docs/configuration.md should be accepted")?;
 
     let zones = || one_zone_at_a_time().budgets().to_vec();
     let twice = MaintenanceOperatorConfigSpec {

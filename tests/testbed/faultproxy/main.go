@@ -1,5 +1,5 @@
 // faultproxy: an HTTP-level fault injector between one Kubernetes client (the operator under test)
-// and the testbed's API server, for tests/e2e_faults.rs.
+// and the testbed's API server, for tests/e2e/faults.rs.
 //
 // Why a proxy of our own next to toxiproxy: toxiproxy works on TCP bytes, and the API server speaks
 // TLS, so toxiproxy can delay, throttle, reset or black-hole a connection but never answer one
