@@ -18,6 +18,7 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -701,6 +702,83 @@ fn monitoring_objects_are_switchable() -> Result<()> {
             "{kind} rendered by default"
         );
     }
+    Ok(())
+}
+
+/// The container port named `name` of the operator's Deployment.
+fn container_port(docs: &[Value], name: &str) -> Result<Value> {
+    operator_container(docs)?["ports"]
+        .as_array()
+        .and_then(|ports| ports.iter().find(|p| p["name"] == name))
+        .map(|p| p["containerPort"].clone())
+        .with_context(|| format!("the operator's container has no port {name}"))
+}
+
+/// The NetworkPolicy (off by default) selects the operator's pods and admits ingress only on the
+/// webhook port, from anywhere, and on the metrics port, from the chosen namespaces; the API
+/// server's validation accepts it. Whether a CNI enforces it is not tested: the testbed has none
+/// that implements NetworkPolicy.
+#[tokio::test]
+async fn network_policy_admits_only_the_webhook_and_the_metrics_port() -> Result<()> {
+    ensure!(
+        !render(&[])?.iter().any(|d| d["kind"] == "NetworkPolicy"),
+        "a NetworkPolicy is rendered by default"
+    );
+    let docs = render(&[
+        "--set",
+        "networkPolicy.enabled=true,networkPolicy.metrics.podSelector.app=prometheus",
+    ])?;
+    let policy = find(&docs, "NetworkPolicy", NAME)?;
+    let deployment = find(&docs, "Deployment", NAME)?;
+    ensure!(
+        policy["spec"]["podSelector"]["matchLabels"]
+            == deployment["spec"]["selector"]["matchLabels"],
+        "the policy does not select the operator's pods: {policy}"
+    );
+    ensure!(
+        policy["spec"]["policyTypes"] == json!(["Ingress"]),
+        "egress must stay open (the API server): {policy}"
+    );
+    let webhook = json!({
+        "ports": [{ "protocol": "TCP", "port": container_port(&docs, "webhook")? }],
+    });
+    let metrics = json!({
+        "from": [{
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "monitoring" } },
+            "podSelector": { "app": "prometheus" },
+        }],
+        "ports": [{ "protocol": "TCP", "port": container_port(&docs, "metrics")? }],
+    });
+    ensure!(
+        policy["spec"]["ingress"] == json!([webhook, metrics]),
+        "ingress rules: {}",
+        policy["spec"]["ingress"]
+    );
+
+    // Without the webhook, only the metrics port is open.
+    let no_webhook = render(&["--set", "networkPolicy.enabled=true,webhook.enabled=false"])?;
+    let rules = &find(&no_webhook, "NetworkPolicy", NAME)?["spec"]["ingress"];
+    ensure!(
+        rules.as_array().map(Vec::len) == Some(1) && rules[0]["ports"] == metrics["ports"],
+        "ingress rules without the webhook: {rules}"
+    );
+
+    // The API server validates it (a dry run in a namespace of its own).
+    let client = Testbed::shared().await?.client().await?;
+    let ns = unique_name("netpol");
+    create_namespace(&client, &ns).await?;
+    let mut object: NetworkPolicy = serde_json::from_value(policy.clone())?;
+    object.metadata.namespace = Some(ns.clone());
+    Api::<NetworkPolicy>::namespaced(client, &ns)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &object,
+        )
+        .await
+        .context("the API server refused the chart's NetworkPolicy")?;
     Ok(())
 }
 
