@@ -18,8 +18,18 @@ use crate::{Check, FIELD_MANAGER, wait_for, wait_until};
 pub async fn install(client: &Client, config: Option<MaintenanceOperatorConfigSpec>) -> Result<()> {
     crate::apply_crds(client).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(OPERATOR_NAMESPACE).await?.is_none() {
-        crate::create_namespace(client, OPERATOR_NAMESPACE).await?;
+    if namespaces.get_opt(OPERATOR_NAMESPACE).await?.is_none()
+        && let Err(err) = crate::create_namespace(client, OPERATOR_NAMESPACE).await
+    {
+        // Tests sharing a control plane may both find it missing; the one whose create comes
+        // second gets 409 AlreadyExists, and the namespace is there all the same.
+        let lost_the_race = matches!(
+            err.downcast_ref::<kube::Error>(),
+            Some(kube::Error::Api(status)) if status.code == 409
+        );
+        if !lost_the_race {
+            return Err(err);
+        }
     }
     if let Some(spec) = config {
         set_config(client, spec).await?;
