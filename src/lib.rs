@@ -9,6 +9,7 @@ pub mod kubectl;
 pub mod leader;
 pub mod plan;
 pub mod run;
+pub mod serve;
 pub mod webhook;
 
 use kube::api::{Api, ListParams};

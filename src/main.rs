@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the operator: admit NodeMaintenance requests, cordon, drain, uncordon.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Dry-run one scheduling round: which Pending requests would be admitted, and why not.
     Plan(plan::PlanArgs),
     /// Print the CustomResourceDefinitions as YAML (what crds/crds.yaml holds).
@@ -31,7 +31,7 @@ enum Command {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run::run(args).await,
+        Command::Run(args) => run::run(*args).await,
         Command::Plan(args) => plan::run(args).await,
         Command::Crdgen => match maintenance_crds::crd_yaml() {
             Ok(yaml) => {

@@ -1,6 +1,5 @@
 //! `maintenance-operator run`: wire clients, metrics and HTTP, then start the supervisor actor.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,9 +28,8 @@ pub struct RunArgs {
     /// This pod's name (from the downward API), so the operator never evicts itself.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
-    /// Address for /metrics, /healthz and /readyz.
-    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    pub metrics_addr: SocketAddr,
+    #[command(flatten)]
+    pub endpoints: crate::http::EndpointArgs,
     /// Safety-net period of the scheduling round, in seconds (changes trigger it at once).
     #[arg(long, default_value_t = 10)]
     pub tick_seconds: u64,
@@ -267,7 +265,7 @@ async fn context(
 }
 
 /// Starts /metrics, the probes and the webhook. Every replica serves them, standbys too: the API
-/// server calls any pod of the webhook's Service.
+/// server calls any pod of the webhook's Service. Ends when any of them fails.
 async fn spawn_servers(
     args: &RunArgs,
     ctx: &Arc<Context>,
@@ -276,17 +274,30 @@ async fn spawn_servers(
     let probe_ctx = ctx.clone();
     let standby = args.leader_elect;
     let probes = Arc::new(Probes {
-        metrics: metrics.clone(),
         // A standby is ready: it is doing its job (waiting), and must not block a rollout.
         ready: Box::new(move || probe_ctx.is_synced() || (standby && !probe_ctx.is_leading())),
     });
     let webhook =
         crate::webhook::Webhook::from_args(&args.webhook, ctx.client.clone(), metrics.clone())
             .await?;
-    Ok(tokio::spawn(crate::webhook::serve_beside(
-        http::serve(args.metrics_addr, probes),
-        webhook,
-    )))
+    let endpoints = args.endpoints.clone();
+    let client = ctx.client.clone();
+    let metrics = metrics.clone();
+    let host = hostname();
+    Ok(tokio::spawn(async move {
+        let max_connections = endpoints.max_connections as usize;
+        let webhook = async {
+            match webhook {
+                Some(webhook) => webhook.serve(max_connections).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            served = http::serve_probes(&endpoints, probes, &metrics) => served,
+            served = http::serve_metrics(&endpoints, client, metrics.clone(), &host) => served,
+            served = webhook => served,
+        }
+    }))
 }
 
 /// The elector of the Lease, with --leader-elect; without it this process leads at once.

@@ -7,17 +7,16 @@
 //! change, so a rotation needs no restart.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum_server::tls_rustls::RustlsConfig;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::core::admission::{
@@ -28,15 +27,17 @@ use maintenance_actors::metrics::Metrics;
 use maintenance_core::validation::{self, NodePresence, Outcome, Review, Verdict};
 use maintenance_crds::NodeMaintenance;
 
+use crate::serve::{Certificate, Limits, Server};
+
 /// The path NVIDIA's operator serves the same webhook on, so that existing registrations work.
 pub const PATH: &str = "/validate-maintenance-nvidia-com-v1alpha1-nodemaintenance";
-/// How often the certificate files are checked for a new certificate.
-const RELOAD_PERIOD: Duration = Duration::from_secs(5);
 /// Bound on the node lookup, well inside the API server's webhook timeout (10 s by default), so
 /// that a slow lookup ends in our clear error rather than the API server's timeout.
 const NODE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
-/// An AdmissionReview of an UPDATE carries the object twice; objects reach 1.5 MiB in etcd.
-const MAX_BODY_BYTES: usize = 8 << 20;
+/// kube-apiserver's own bound on a request body (3 MiB): a NodeMaintenance is a few KiB, and no
+/// object larger than the API server accepts can reach a review. A larger body is answered 413
+/// without being read.
+pub const MAX_BODY_BYTES: usize = 3 << 20;
 
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct WebhookArgs {
@@ -55,28 +56,12 @@ pub struct WebhookArgs {
 /// The webhook, its certificate read and ready to serve.
 pub struct Webhook {
     addr: SocketAddr,
-    tls: RustlsConfig,
-    files: CertFiles,
-    loaded: Pem,
+    certificate: Certificate,
     state: Arc<Reviewer>,
 }
 
-/// Runs `http` (the metrics and probes server) and, when configured, the webhook beside it; ends
-/// when either fails.
-pub async fn serve_beside(
-    http: impl Future<Output = anyhow::Result<()>>,
-    webhook: Option<Webhook>,
-) -> anyhow::Result<()> {
-    match webhook {
-        Some(webhook) => tokio::try_join!(http, webhook.serve()).map(|_| ()),
-        None => http.await,
-    }
-}
-
 impl Webhook {
-    /// Reads the certificate and key named by `args`; `None` without `--webhook-addr`. A file
-    /// that cannot be used now is an error: at start-up it is a mistake in the deployment, not a
-    /// rotation in progress (the kubelet mounts a Secret before the container starts).
+    /// Reads the certificate and key named by `args`; `None` without `--webhook-addr`.
     pub async fn from_args(
         args: &WebhookArgs,
         client: kube::Client,
@@ -89,16 +74,9 @@ impl Webhook {
         ) else {
             return Ok(None);
         };
-        let files = CertFiles { cert, key };
-        let loaded = files.read().await?;
-        let tls = RustlsConfig::from_pem(loaded.cert.clone(), loaded.key.clone())
-            .await
-            .map_err(|err| files.unusable(&err))?;
         Ok(Some(Webhook {
             addr,
-            tls,
-            files,
-            loaded,
+            certificate: Certificate::from_files(cert, key, Server::Webhook).await?,
             state: Arc::new(Reviewer {
                 nodes: Api::all(client),
                 metrics,
@@ -106,117 +84,32 @@ impl Webhook {
         }))
     }
 
-    pub async fn serve(self) -> anyhow::Result<()> {
+    pub async fn serve(self, max_connections: usize) -> anyhow::Result<()> {
         let Webhook {
             addr,
-            tls,
-            files,
-            loaded,
+            certificate,
             state,
         } = self;
-        let reload = tokio::spawn(keep_certificate_current(tls.clone(), files, loaded));
-        let app = Router::new()
-            .route(PATH, post(validate))
-            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-            .with_state(state);
+        let refused = state
+            .metrics
+            .process
+            .connections_refused_total
+            .with_label_values(&[Server::Webhook.as_str()]);
+        let app = Router::new().route(PATH, post(validate)).with_state(state);
         tracing::info!(%addr, path = PATH, "serving the NodeMaintenance admission webhook");
-        let served = axum_server::bind_rustls(addr, tls)
-            // A failed handshake (a client with another CA, a port scan) ends that connection
-            // only; the API server reports a CA mismatch to the user itself.
-            .accept_error_handler(|peer, err| {
-                tracing::debug!(?peer, error = %err, "webhook connection failed");
-            })
-            .serve(app.into_make_service())
-            .await;
-        reload.abort();
-        served.map_err(|err| {
-            anyhow::anyhow!(
-                "the admission webhook cannot serve on {addr}: {err}; choose another \
-                 --webhook-addr"
-            )
-        })
-    }
-}
-
-/// Where the certificate and its key are read from.
-struct CertFiles {
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-/// What the files held when last loaded.
-#[derive(PartialEq, Eq)]
-struct Pem {
-    cert: Vec<u8>,
-    key: Vec<u8>,
-}
-
-impl CertFiles {
-    async fn read(&self) -> anyhow::Result<Pem> {
-        let read = |path: &Path| {
-            let path = path.to_path_buf();
-            async move {
-                tokio::fs::read(&path).await.map_err(|err| {
-                    anyhow::anyhow!(
-                        "cannot read {} for the admission webhook: {err}; mount the webhook's \
-                         certificate Secret there or fix --webhook-cert-file/--webhook-key-file",
-                        path.display()
-                    )
-                })
-            }
+        let limits = Limits {
+            max_connections,
+            max_body_bytes: MAX_BODY_BYTES,
         };
-        Ok(Pem {
-            cert: read(&self.cert).await?,
-            key: read(&self.key).await?,
-        })
-    }
-
-    fn unusable(&self, err: &std::io::Error) -> anyhow::Error {
-        anyhow::anyhow!(
-            "{} and {} hold no usable certificate and matching private key for the admission \
-             webhook: {err}; they must be PEM (a certificate chain, and one PKCS#8, PKCS#1 or \
-             SEC1 key)",
-            self.cert.display(),
-            self.key.display()
+        crate::serve::serve(
+            addr,
+            Server::Webhook,
+            Some(certificate),
+            app,
+            limits,
+            refused,
         )
-    }
-}
-
-/// Reloads the certificate whenever the files hold something new. The contents are compared,
-/// not the modification times: the kubelet updates a mounted Secret by swapping a symlink, and
-/// the new files' times say nothing reliable. A pair that does not load (say, the key written
-/// but not yet the certificate) keeps the current certificate and is tried again.
-async fn keep_certificate_current(tls: RustlsConfig, files: CertFiles, mut loaded: Pem) {
-    let mut ticker = tokio::time::interval(RELOAD_PERIOD);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Warn once per problem, not every period.
-    let mut last_problem = String::new();
-    loop {
-        ticker.tick().await;
-        let result = match files.read().await {
-            Ok(pem) if pem == loaded => Ok(None),
-            Ok(pem) => tls
-                .reload_from_pem(pem.cert.clone(), pem.key.clone())
-                .await
-                .map(|()| Some(pem))
-                .map_err(|err| files.unusable(&err)),
-            Err(err) => Err(err),
-        };
-        match result {
-            Ok(None) => {}
-            Ok(Some(pem)) => {
-                loaded = pem;
-                last_problem.clear();
-                tracing::info!(cert = %files.cert.display(), "reloaded the admission webhook's certificate");
-            }
-            Err(err) => {
-                let problem = format!("{err:#}");
-                if problem != last_problem {
-                    tracing::warn!(error = %problem, "keeping the current webhook certificate");
-                    last_problem = problem;
-                }
-            }
-        }
+        .await
     }
 }
 
@@ -248,27 +141,29 @@ fn bad_request(problem: String) -> Response {
         .into_response()
 }
 
-async fn validate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
-        Ok(review) => review,
-        Err(err) => {
-            reviewer.count(validation::Operation::Other, Outcome::Error);
-            return bad_request(format!("the body is no AdmissionReview: {err}"));
-        }
-    };
+/// The request of an AdmissionReview body, or why the body is none: a pure function of the
+/// bytes (fuzzed in the tests below), so that no body can make the webhook panic.
+fn read_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|err| format!("the body is no AdmissionReview: {err}"))?;
     if review.types.api_version != META_API_VERSION_V1 {
-        reviewer.count(validation::Operation::Other, Outcome::Error);
-        return bad_request(format!(
+        return Err(format!(
             "AdmissionReview {:?} is not supported, only {META_API_VERSION_V1} (list only v1 in \
              admissionReviewVersions)",
             review.types.api_version
         ));
     }
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+    review
+        .try_into()
+        .map_err(|_| "the AdmissionReview has no request".to_string())
+}
+
+async fn validate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {
+    let request = match read_review(&body) {
         Ok(request) => request,
-        Err(_) => {
+        Err(problem) => {
             reviewer.count(validation::Operation::Other, Outcome::Error);
-            return bad_request("the AdmissionReview has no request".into());
+            return bad_request(problem);
         }
     };
     let (operation, answer) = answer(&reviewer, &request).await;
@@ -637,5 +532,133 @@ mod tests {
         let review = serde_json::to_value(response.into_review()).expect("serializes");
         assert_eq!(review["response"]["allowed"], true);
         assert_eq!(review["response"]["warnings"], json!(["careful"]));
+    }
+
+    /// Any JSON value, nested a few levels: what a bad client could put in any field.
+    fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(|f| json!(f)),
+            ".{0,12}".prop_map(serde_json::Value::from),
+            // Names the review reads, so that the generated objects reach the decoding paths.
+            prop::sample::select(vec![
+                "CREATE",
+                "UPDATE",
+                "NodeMaintenance",
+                "admission.k8s.io/v1",
+                "node-7",
+            ])
+            .prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::btree_map(
+                    prop::sample::select(vec![
+                        "apiVersion",
+                        "kind",
+                        "metadata",
+                        "name",
+                        "namespace",
+                        "spec",
+                        "nodeName",
+                        "requestorID",
+                        "drainSpec",
+                        "podSelector",
+                        "uid",
+                        "operation",
+                        "object",
+                        "oldObject",
+                        "status",
+                        "x",
+                    ])
+                    .prop_map(String::from),
+                    inner,
+                    0..5,
+                )
+                .prop_map(|map| serde_json::Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Everything the webhook does with a body short of the node lookup: read, decode, review.
+    fn review_body(body: &[u8]) {
+        let Ok(request) = read_review(body) else {
+            return;
+        };
+        let Ok(Some(object)) = decode(&request, request.object.as_ref()) else {
+            return;
+        };
+        let _ = validation::node_to_look_up(&object);
+        let _ = validation::review(
+            &object,
+            Review::Create {
+                node: NodePresence::Exists,
+            },
+        );
+        let old = decode(&request, request.old_object.as_ref()).ok().flatten();
+        let verdict = validation::review(&object, Review::Update { old: old.as_ref() });
+        let _ = serde_json::to_vec(&respond(&request, verdict).into_review());
+    }
+
+    proptest::proptest! {
+        // A bounded run in `make test`: malformed bodies of every kind end in an answer, never a
+        // panic (a panic would drop the connection and the API server would apply its
+        // failurePolicy without a message).
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn fuzz_arbitrary_bytes_never_panic(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            review_body(&body);
+        }
+
+        #[test]
+        fn fuzz_reviews_with_any_fields_never_panic(
+            request in any_json(),
+            object in any_json(),
+            old in any_json(),
+            operation in proptest::sample::select(vec!["CREATE", "UPDATE", "DELETE", "CONNECT", "X"]),
+        ) {
+            let mut review = json!({
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "u", "name": "fw", "namespace": "team-a", "operation": operation,
+                    "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "NodeMaintenance"},
+                    "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "nodemaintenances"},
+                    "userInfo": {}, "object": object, "oldObject": old,
+                },
+            });
+            // Sometimes the whole request is replaced by garbage too.
+            if let (Some(extra), Some(target)) = (request.as_object(), review["request"].as_object_mut()) {
+                for (key, value) in extra {
+                    target.insert(key.clone(), value.clone());
+                }
+            }
+            review_body(review.to_string().as_bytes());
+        }
+
+        #[test]
+        fn fuzz_truncated_and_corrupted_reviews_never_panic(cut in 0usize..600, flip in 0usize..600, byte in proptest::prelude::any::<u8>()) {
+            let review = json!({
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "u", "name": "fw", "namespace": "team-a", "operation": "UPDATE",
+                    "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "NodeMaintenance"},
+                    "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "nodemaintenances"},
+                    "userInfo": {}, "object": nm_object("node-7"), "oldObject": nm_object("node-7"),
+                },
+            });
+            let mut body = review.to_string().into_bytes();
+            if flip < body.len() {
+                body[flip] = byte;
+            }
+            body.truncate(cut.min(body.len()));
+            review_body(&body);
+        }
     }
 }

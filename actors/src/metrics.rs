@@ -318,6 +318,12 @@ pub struct ProcessMetrics {
     /// Time a client's next call waited because `--max-concurrent-api-calls` calls were already
     /// in flight: its rate is the share of the time the bound held calls back.
     pub api_calls_throttled_seconds_total: prometheus::CounterVec,
+    /// Requests to the secure `/metrics`, by verdict and by where the verdict came from (the
+    /// cache, or a TokenReview and SubjectAccessReview of the API server).
+    pub metrics_access_total: IntCounterVec,
+    /// Connections closed at once because a server (webhook, metrics, health) had its
+    /// `--max-connections` open already.
+    pub connections_refused_total: IntCounterVec,
 }
 
 impl ProcessMetrics {
@@ -330,6 +336,8 @@ impl ProcessMetrics {
             Box::new(self.admission_reviews_total.clone()),
             Box::new(self.api_calls_in_flight.clone()),
             Box::new(self.api_calls_throttled_seconds_total.clone()),
+            Box::new(self.metrics_access_total.clone()),
+            Box::new(self.connections_refused_total.clone()),
         ]
     }
 
@@ -372,6 +380,22 @@ impl ProcessMetrics {
                      calls were in flight",
                 ),
                 &["client"],
+            )?,
+            metrics_access_total: IntCounterVec::new(
+                opts(
+                    "metrics_access_total",
+                    "Requests to the secure /metrics by verdict (allowed, unauthenticated, \
+                     forbidden) and source (no_token, cache, review)",
+                ),
+                &["verdict", "source"],
+            )?,
+            connections_refused_total: IntCounterVec::new(
+                opts(
+                    "connections_refused_total",
+                    "Connections closed at once because the server had its most connections \
+                     open, by server (webhook, metrics, health)",
+                ),
+                &["server"],
             )?,
         })
     }
@@ -461,6 +485,24 @@ impl Metrics {
             self.process
                 .api_calls_throttled_seconds_total
                 .with_label_values(&[client.as_str()]);
+        }
+        for server in ["webhook", "metrics", "health"] {
+            self.process
+                .connections_refused_total
+                .with_label_values(&[server]);
+        }
+        for (verdict, source) in [
+            ("allowed", "review"),
+            ("allowed", "cache"),
+            ("forbidden", "review"),
+            ("forbidden", "cache"),
+            ("unauthenticated", "review"),
+            ("unauthenticated", "cache"),
+            ("unauthenticated", "no_token"),
+        ] {
+            self.process
+                .metrics_access_total
+                .with_label_values(&[verdict, source]);
         }
         // Exported at 0 from the start, so that rate() and alerts see the first review.
         for operation in [Operation::Create, Operation::Update] {
@@ -619,14 +661,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 28, "{names:?}");
+        assert_eq!(names.len(), 30, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 28, "{names:?}");
+        assert_eq!(names.len(), 30, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

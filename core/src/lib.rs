@@ -4,6 +4,7 @@
 //! No I/O, no clocks (time is an argument), no async runtime: the actors gather observations,
 //! call these functions and execute what they return.
 
+pub mod access;
 pub mod actor_runs;
 pub mod budgets;
 pub mod capacity;

@@ -1021,7 +1021,7 @@ async fn bad_input_is_refused_with_what_to_fix_and_the_operator_carries_on() -> 
     // Still healthy: ready, metrics served, no panic in its log.
     let (code, _) = http_get(&format!(
         "http://127.0.0.1:{}/readyz",
-        shared.operator.metrics_port
+        shared.operator.health_port
     ))
     .await?;
     ensure!(code == 200, "the operator's /readyz answered {code}");

@@ -704,7 +704,7 @@ async fn a_slow_first_sync_keeps_the_lease() -> Result<()> {
         .then_some(()))
     })
     .await?;
-    let readyz = format!("http://127.0.0.1:{}/readyz", operator.metrics_port);
+    let readyz = format!("http://127.0.0.1:{}/readyz", operator.health_port);
     wait_for("the leader's caches to sync", SETUP, || async {
         Ok((http_get(&readyz).await?.0 == 200).then_some(()))
     })

@@ -28,5 +28,6 @@ mod force_delete;
 mod leader;
 mod lifecycle;
 mod scheduling;
+mod security;
 mod testbed_smoke;
 mod webhook;

@@ -28,16 +28,16 @@ use support::invariants::*;
 use support::operator::*;
 use support::*;
 
-const WEBHOOK_PATH: &str = "/validate-maintenance-nvidia-com-v1alpha1-nodemaintenance";
+pub(crate) const WEBHOOK_PATH: &str = "/validate-maintenance-nvidia-com-v1alpha1-nodemaintenance";
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A certificate authority of the test's own.
-struct Ca {
+pub(crate) struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
 impl Ca {
-    fn new(name: &str) -> Result<Ca> {
+    pub(crate) fn new(name: &str) -> Result<Ca> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.distinguished_name.push(DnType::CommonName, name);
@@ -51,12 +51,12 @@ impl Ca {
         })
     }
 
-    fn pem(&self) -> String {
+    pub(crate) fn pem(&self) -> String {
         self.issuer.pem()
     }
 
     /// A serving certificate for 127.0.0.1 and its key, both PEM.
-    fn serving(&self) -> Result<(String, String)> {
+    pub(crate) fn serving(&self) -> Result<(String, String)> {
         let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()])?;
         params
             .distinguished_name
@@ -68,13 +68,13 @@ impl Ca {
     }
 }
 
-struct CertFiles {
-    cert: PathBuf,
-    key: PathBuf,
+pub(crate) struct CertFiles {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
 }
 
 impl CertFiles {
-    fn in_dir(dir: &Path) -> CertFiles {
+    pub(crate) fn in_dir(dir: &Path) -> CertFiles {
         CertFiles {
             cert: dir.join("tls.crt"),
             key: dir.join("tls.key"),
@@ -83,7 +83,7 @@ impl CertFiles {
 
     /// Writes the key, then the certificate, in place: in between, the files hold a pair that
     /// does not match, which the operator must outlast.
-    fn write(&self, (cert, key): &(String, String)) -> Result<()> {
+    pub(crate) fn write(&self, (cert, key): &(String, String)) -> Result<()> {
         std::fs::write(&self.key, key).with_context(|| format!("writing {:?}", self.key))?;
         std::fs::write(&self.cert, cert).with_context(|| format!("writing {:?}", self.cert))?;
         Ok(())
@@ -91,7 +91,7 @@ impl CertFiles {
 }
 
 /// The registration the chart makes, pointed at a URL instead of a Service.
-fn registration(name: &str, url: &str, ca_pem: &str) -> ValidatingWebhookConfiguration {
+pub(crate) fn registration(name: &str, url: &str, ca_pem: &str) -> ValidatingWebhookConfiguration {
     ValidatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -124,7 +124,10 @@ fn registration(name: &str, url: &str, ca_pem: &str) -> ValidatingWebhookConfigu
     }
 }
 
-async fn register(client: &Client, config: &ValidatingWebhookConfiguration) -> Result<()> {
+pub(crate) async fn register(
+    client: &Client,
+    config: &ValidatingWebhookConfiguration,
+) -> Result<()> {
     Api::<ValidatingWebhookConfiguration>::all(client.clone())
         .patch(
             &config.name_any(),
@@ -136,7 +139,16 @@ async fn register(client: &Client, config: &ValidatingWebhookConfiguration) -> R
     Ok(())
 }
 
-async fn try_create(
+/// Deletes the registration (a test leaves none behind, whatever happened).
+pub(crate) async fn unregister(client: &Client, name: &str) -> Result<()> {
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+        .context("deleting the webhook registration")?;
+    Ok(())
+}
+
+pub(crate) async fn try_create(
     client: &Client,
     ns: &str,
     name: &str,
@@ -155,7 +167,7 @@ async fn try_create(
 }
 
 /// The API server's refusal of a call, as (code, message); fails if the call succeeded.
-fn refusal<T>(result: Result<T, kube::Error>, what: &str) -> Result<(u16, String)> {
+pub(crate) fn refusal<T>(result: Result<T, kube::Error>, what: &str) -> Result<(u16, String)> {
     match result {
         Ok(_) => bail!("{what} was admitted"),
         Err(err) => match api_error(&err) {
@@ -201,7 +213,7 @@ async fn wait_answer(
 
 /// Waits until the webhook refuses a request for a node that does not exist (`what` says why it
 /// may not yet).
-async fn wait_missing_node_refused(client: &Client, ns: &str, what: &str) -> Result<()> {
+pub(crate) async fn wait_missing_node_refused(client: &Client, ns: &str, what: &str) -> Result<()> {
     wait_answer(client, ns, what, |code, message| {
         code == 403 && message.contains("does not exist")
     })
@@ -266,10 +278,7 @@ async fn webhook_refuses_what_the_operator_cannot_do_and_survives_a_rotation() -
         }
     }
     // Leave no registration behind, whatever happened.
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .delete(&config_name, &DeleteParams::default())
-        .await
-        .context("deleting the webhook registration")?;
+    unregister(&client, &config_name).await?;
     result?;
     monitor.held().await
 }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::prometheus_server::{Prometheus, required_tool};
+use crate::prometheus_server::{Prometheus, SecureScrape, required_tool};
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -31,7 +31,10 @@ use maintenance_crds::{
 };
 use prometheus::proto::MetricType;
 use serde_json::{Value, json};
-use support::operator::{Helper, free_port, http_get};
+use support::operator::{
+    Helper, create_bound_service_account, free_port, http_get, metrics_reader_role,
+    service_account_token,
+};
 use support::policy::{NodeUpdatePolicy, Rule};
 use support::*;
 
@@ -959,13 +962,23 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
     wait_pdb_disruptions_allowed(&client, &ns, "guarded", 0, 2 * MINUTE).await?;
     blocked_workload(&client, &ns, "doomed", &nodes[4], 1, 2 * MINUTE).await?;
 
-    // The operator, and a Prometheus scraping it every second with the alert rules loaded.
+    // The operator, and a Prometheus scraping it every second with the alert rules loaded: over
+    // HTTPS with a token allowed to read /metrics, as the chart's ServiceMonitor does.
+    let reader = unique_name("prometheus");
+    let role = metrics_reader_role(&client).await?;
+    create_bound_service_account(&client, operator_ns, &reader, role).await?;
+    let scrape = SecureScrape {
+        token: service_account_token(&client, operator_ns, &reader).await?,
+        verify: None,
+    };
     let metrics_port = free_port()?;
     let mut operator = Helper::spawn(
         "maintenance-operator",
         Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
             .args(["run", "--metrics-addr"])
             .arg(format!("127.0.0.1:{metrics_port}"))
+            .arg("--health-addr")
+            .arg(format!("127.0.0.1:{}", free_port()?))
             .args([
                 "--namespace",
                 operator_ns,
@@ -980,7 +993,7 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
         work.path().join("operator.log"),
     )?;
     let targets = [format!("127.0.0.1:{metrics_port}")];
-    let prom = Prometheus::start(work.path(), &targets, &[alerts_path()])?;
+    let prom = Prometheus::start(work.path(), &targets, Some(&scrape), &[alerts_path()])?;
 
     let result = scenario(&client, &prom, &mut operator, &ns, &nodes, &locked[0]).await;
     if let Err(err) = &result {

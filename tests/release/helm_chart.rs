@@ -171,6 +171,7 @@ fn default_render_holds_the_expected_objects() -> Result<()> {
         s("ServiceAccount", NAMESPACE, NAME),
         s("ClusterRole", "", NAME),
         s("ClusterRoleBinding", "", NAME),
+        s("ClusterRole", "", &format!("{NAME}-metrics-reader")),
         s("Role", NAMESPACE, NAME),
         s("RoleBinding", NAMESPACE, NAME),
         s("Service", NAMESPACE, NAME),
@@ -283,7 +284,11 @@ fn deployment_is_hardened_and_highly_available() -> Result<()> {
     for want in [
         "--leader-elect",
         "--lease-name=maintenance-operator",
-        "--metrics-addr=0.0.0.0:8080",
+        "--metrics-addr=0.0.0.0:8443",
+        "--health-addr=0.0.0.0:8081",
+        // /metrics with the webhook's certificate, which names the metrics Service too.
+        "--metrics-cert-file=/etc/maintenance-operator/webhook/tls.crt",
+        "--metrics-key-file=/etc/maintenance-operator/webhook/tls.key",
     ] {
         ensure!(args.contains(&want), "args {args:?} lack {want}");
     }
@@ -322,11 +327,20 @@ fn deployment_is_hardened_and_highly_available() -> Result<()> {
         .as_array()
         .and_then(|ps| ps.iter().find(|p| p["name"] == "metrics"))
         .context("no metrics port")?;
-    ensure!(port["containerPort"] == 8080, "port {port}");
+    ensure!(port["containerPort"] == 8443, "port {port}");
+    ensure!(
+        !args.contains(&"--metrics-insecure"),
+        "/metrics must be secure by default: {args:?}"
+    );
+    let health = c["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "health"))
+        .context("no health port")?;
+    ensure!(health["containerPort"] == 8081, "port {health}");
     ensure!(c["livenessProbe"]["httpGet"]["path"] == "/healthz");
-    ensure!(c["livenessProbe"]["httpGet"]["port"] == "metrics");
+    ensure!(c["livenessProbe"]["httpGet"]["port"] == "health");
     ensure!(c["readinessProbe"]["httpGet"]["path"] == "/readyz");
-    ensure!(c["readinessProbe"]["httpGet"]["port"] == "metrics");
+    ensure!(c["readinessProbe"]["httpGet"]["port"] == "health");
 
     let service = find(&docs, "Service", NAME)?;
     selects_the_pods("the Service", &service["spec"]["selector"])?;
@@ -410,7 +424,7 @@ fn cluster_grants() -> BTreeSet<Grant> {
         (
             "maintenance.nvidia.com",
             "nodemaintenances",
-            &["get", "list", "watch", "patch", "update"],
+            &["get", "list", "watch", "patch", "update", "delete"],
             "",
         ),
         (
@@ -429,7 +443,14 @@ fn cluster_grants() -> BTreeSet<Grant> {
             "",
         ),
         ("events.k8s.io", "events", &["create", "patch"], ""),
-        ("", "events", &["create", "patch"], ""),
+        // The secure /metrics: TokenReview and SubjectAccessReview of each scraper.
+        ("authentication.k8s.io", "tokenreviews", &["create"], ""),
+        (
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            &["create"],
+            "",
+        ),
     ])
 }
 
@@ -485,7 +506,15 @@ fn rbac_is_exactly_what_the_operator_uses() -> Result<()> {
         .iter()
         .filter(|d| d["kind"].as_str().is_some_and(|k| k.contains("Role")))
         .count();
-    ensure!(roles == 4, "{roles} roles and bindings rendered, want 4");
+    // The metrics-reader ClusterRole grants `get /metrics` and nothing else, to no one until
+    // rbac.metricsReaderSubjects names someone.
+    let reader = find(&docs, "ClusterRole", &format!("{NAME}-metrics-reader"))?;
+    ensure!(
+        reader["rules"] == json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]),
+        "metrics-reader rules {}",
+        reader["rules"]
+    );
+    ensure!(roles == 5, "{roles} roles and bindings rendered, want 5");
     Ok(())
 }
 
@@ -663,9 +692,35 @@ fn monitoring_objects_are_switchable() -> Result<()> {
         "serviceMonitor.enabled=true,prometheusRule.enabled=true",
     ])?;
     let monitor = find(&docs, "ServiceMonitor", NAME)?;
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    ensure!(endpoint["port"] == "metrics", "{monitor}");
+    // Over TLS, verified against the webhook's CA (whose certificate names the metrics Service),
+    // with Prometheus's ServiceAccount token.
+    ensure!(endpoint["scheme"] == "https", "{endpoint}");
     ensure!(
-        monitor["spec"]["endpoints"][0]["port"] == "metrics",
-        "{monitor}"
+        endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        "{endpoint}"
+    );
+    ensure!(
+        endpoint["tlsConfig"]
+            == json!({
+                "serverName": format!("{NAME}.{NAMESPACE}.svc"),
+                "ca": {"secret": {"name": WEBHOOK_SECRET, "key": "ca.crt"}},
+            }),
+        "{endpoint}"
+    );
+    // Without the webhook: a self-signed certificate made at start, nothing to verify against.
+    let plain = render(&["--set", "serviceMonitor.enabled=true,webhook.enabled=false"])?;
+    let endpoint = &find(&plain, "ServiceMonitor", NAME)?["spec"]["endpoints"][0];
+    ensure!(
+        endpoint["tlsConfig"] == json!({"insecureSkipVerify": true}),
+        "{endpoint}"
+    );
+    let insecure = render(&["--set", "serviceMonitor.enabled=true,metricsInsecure=true"])?;
+    let endpoint = &find(&insecure, "ServiceMonitor", NAME)?["spec"]["endpoints"][0];
+    ensure!(
+        endpoint.get("scheme").is_none() && endpoint.get("tlsConfig").is_none(),
+        "{endpoint}"
     );
     let service = find(&docs, "Service", NAME)?;
     ensure!(
@@ -983,6 +1038,13 @@ fn webhook_certificate_generated_by_helm() -> Result<()> {
             &base64(&data["tls.key"])?,
             &format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc"),
         )?;
+        // /metrics is served with the same certificate: it names the metrics Service too.
+        verify_serving_certificate(
+            &base64(&data["ca.crt"])?,
+            &base64(&data["tls.crt"])?,
+            &base64(&data["tls.key"])?,
+            &format!("{NAME}.{NAMESPACE}.svc"),
+        )?;
     }
     Ok(())
 }
@@ -1016,11 +1078,13 @@ fn webhook_certificate_from_cert_manager() -> Result<()> {
         let serving = find(&docs, "Certificate", WEBHOOK_SERVICE)?;
         let spec = &serving["spec"];
         ensure!(spec["secretName"] == WEBHOOK_SECRET, "{spec}");
-        ensure!(
-            strings(&spec["dnsNames"])
-                .contains(&format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc").as_str()),
-            "{spec}"
-        );
+        // The webhook's Service, and the metrics Service (/metrics uses this certificate too).
+        for service in [WEBHOOK_SERVICE, NAME] {
+            ensure!(
+                strings(&spec["dnsNames"]).contains(&format!("{service}.{NAMESPACE}.svc").as_str()),
+                "{spec}"
+            );
+        }
         ensure!(strings(&spec["usages"]).contains(&"server auth"), "{spec}");
         // Issued by a CA of the chart's own (renewals keep it), rooted in a self-signed Issuer.
         let ca_issuer_name = spec["issuerRef"]["name"].as_str().context("no issuerRef")?;
@@ -1377,6 +1441,9 @@ async fn operator_runs_with_only_the_chart_rbac() -> Result<()> {
             "maintenance-operator",
             "--log-format",
             "text",
+            // Garbage collection within the test: a request for a missing node goes at once.
+            "--missing-node-grace-seconds",
+            "1",
         ],
     )
     .await?;
@@ -1405,6 +1472,22 @@ async fn rbac_lifecycle(client: &kube::Client, operator: &Operator) -> Result<()
         .wait_ready("with-chart-rbac", &first, 2 * MINUTE)
         .await?;
     requests.release("with-chart-rbac", &first).await?;
+    // Garbage collection deletes with the chart's roles: a request for a node that does not
+    // exist is gone after --missing-node-grace-seconds.
+    requests
+        .create("for-a-missing-node", "no-such-node")
+        .await?;
+    wait_until(
+        "the request for a missing node to be garbage-collected",
+        MINUTE,
+        || async {
+            Ok(match requests.api.get_opt("for-a-missing-node").await? {
+                None => Check::Done(()),
+                Some(_) => Check::Pending("still there".into()),
+            })
+        },
+    )
+    .await?;
     // Events were written with the chart's roles too, and nothing was refused along the way.
     let events = Api::<Event>::namespaced(client.clone(), &ns)
         .list(&ListParams::default())

@@ -26,6 +26,16 @@ pub fn required_tool(name: &str) -> PathBuf {
     })
 }
 
+/// How Prometheus scrapes the operator's secure `/metrics`, as the chart's ServiceMonitor has it:
+/// HTTPS with a ServiceAccount token.
+pub struct SecureScrape {
+    /// The bearer token (written to a file Prometheus reads).
+    pub token: String,
+    /// The CA to verify the operator's certificate with, and the name to verify it for; `None`:
+    /// a self-signed certificate, not verified.
+    pub verify: Option<(String, String)>,
+}
+
 pub struct Prometheus {
     port: u16,
     process: Mutex<Helper>,
@@ -35,16 +45,37 @@ impl Prometheus {
     /// Starts Prometheus with its data, config and log in `dir`, scraping each of `targets`
     /// (`address:port`) every second as job `maintenance-operator`, and evaluating the rule files
     /// `rules` every second.
-    pub fn start(dir: &Path, targets: &[String], rules: &[PathBuf]) -> Result<Prometheus> {
+    /// With `secure`, over HTTPS with a token; else plain HTTP.
+    pub fn start(
+        dir: &Path,
+        targets: &[String],
+        secure: Option<&SecureScrape>,
+        rules: &[PathBuf],
+    ) -> Result<Prometheus> {
         let binary = required_tool("prometheus");
         let port = free_port()?;
+        let mut scrape = json!({
+            "job_name": "maintenance-operator",
+            "static_configs": [{ "targets": targets }],
+        });
+        if let Some(secure) = secure {
+            let token_file = dir.join("scrape-token");
+            std::fs::write(&token_file, &secure.token)?;
+            scrape["scheme"] = json!("https");
+            scrape["authorization"] = json!({ "credentials_file": token_file });
+            scrape["tls_config"] = match &secure.verify {
+                Some((ca, server_name)) => {
+                    let ca_file = dir.join("scrape-ca.crt");
+                    std::fs::write(&ca_file, ca)?;
+                    json!({ "ca_file": ca_file, "server_name": server_name })
+                }
+                None => json!({ "insecure_skip_verify": true }),
+            };
+        }
         let config = json!({
             "global": { "scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s" },
             "rule_files": rules,
-            "scrape_configs": [{
-                "job_name": "maintenance-operator",
-                "static_configs": [{ "targets": targets }],
-            }],
+            "scrape_configs": [scrape],
         });
         let config_path = dir.join("prometheus.yml");
         std::fs::write(&config_path, serde_norway::to_string(&config)?)?;

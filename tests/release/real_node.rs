@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -24,12 +24,14 @@ use maintenance_crds::{NodeMaintenance, Phase};
 use serde_json::{Value, json};
 use support::chart::*;
 use support::invariants::{InvariantMonitor, Scope};
-use support::operator::{OPERATOR_NAMESPACE, OUR_LEASE};
+use support::operator::{
+    OPERATOR_NAMESPACE, OUR_LEASE, create_bound_service_account, service_account_token,
+};
 use support::*;
 
 use crate::helm_chart::helm;
 use crate::image::image_archive;
-use crate::prometheus_server::Prometheus;
+use crate::prometheus_server::{Prometheus, SecureScrape};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// containerd of the real node (tests/testbed/real-node.sh).
@@ -369,7 +371,36 @@ async fn check_metrics_scrape(client: &kube::Client, dir: &Path) -> Result<()> {
         })
     })
     .await?;
-    let prometheus = Prometheus::start(dir, &targets, &[])?;
+    // As the chart's ServiceMonitor: HTTPS with a token of a ServiceAccount bound to the chart's
+    // metrics-reader ClusterRole, the certificate verified against the webhook's CA when the
+    // chart has one (the plain manifests have no webhook: a self-signed certificate).
+    let reader = "prometheus";
+    create_bound_service_account(
+        client,
+        OPERATOR_NAMESPACE,
+        reader,
+        "maintenance-operator-metrics-reader",
+    )
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let verify = match secrets.get_opt("maintenance-operator-webhook-cert").await? {
+        Some(secret) => {
+            let ca = secret
+                .data
+                .and_then(|mut data| data.remove("ca.crt"))
+                .context("the webhook's Secret has no ca.crt")?;
+            Some((
+                String::from_utf8(ca.0)?,
+                format!("maintenance-operator.{OPERATOR_NAMESPACE}.svc"),
+            ))
+        }
+        None => None,
+    };
+    let scrape = SecureScrape {
+        token: service_account_token(client, OPERATOR_NAMESPACE, reader).await?,
+        verify,
+    };
+    let prometheus = Prometheus::start(dir, &targets, Some(&scrape), &[])?;
     wait_until(
         "Prometheus to scrape both operator pods",
         2 * MINUTE,

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
@@ -48,7 +48,10 @@ pub async fn wait_holder(client: &Client, holder: &str, timeout: Duration) -> Re
 /// The operator binary, running until dropped (or killed).
 pub struct Operator {
     child: Option<Child>,
+    /// `/metrics`: plain HTTP unless the test passes `--metrics-insecure=false`.
     pub metrics_port: u16,
+    /// `/healthz` and `/readyz`.
+    pub health_port: u16,
     pub log: PathBuf,
     args: Vec<String>,
     kubeconfig: PathBuf,
@@ -135,6 +138,7 @@ impl Operator {
         let mut op = Operator {
             child: None,
             metrics_port: 0,
+            health_port: 0,
             log: log_dir.join(format!("operator-{}.log", crate::unique_name("op"))),
             args: extra.iter().map(|s| s.to_string()).collect(),
             kubeconfig: kubeconfig.to_path_buf(),
@@ -147,6 +151,7 @@ impl Operator {
 
     fn spawn(&mut self) -> Result<()> {
         self.metrics_port = free_port()?;
+        self.health_port = free_port()?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -172,11 +177,21 @@ impl Operator {
         if !self.args.iter().any(|a| a == "--tick-seconds") {
             command.args(["--tick-seconds", "2"]);
         }
+        // Plain /metrics for the tests' scrapes unless the test asks for the secure one.
+        if !self
+            .args
+            .iter()
+            .any(|a| a.starts_with("--metrics-insecure"))
+        {
+            command.arg("--metrics-insecure");
+        }
         let child = command
             .arg("--namespace")
             .arg(OPERATOR_NAMESPACE)
             .arg("--metrics-addr")
             .arg(format!("127.0.0.1:{}", self.metrics_port))
+            .arg("--health-addr")
+            .arg(format!("127.0.0.1:{}", self.health_port))
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,maintenance_actors=trace,kube=warn")
@@ -191,7 +206,7 @@ impl Operator {
     }
 
     pub async fn wait_ready(&mut self) -> Result<()> {
-        let url = format!("http://127.0.0.1:{}/readyz", self.metrics_port);
+        let url = format!("http://127.0.0.1:{}/readyz", self.health_port);
         let log = self.log.clone();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -351,6 +366,44 @@ impl Operator {
 }
 
 /// A GET with [`http_call`].
+/// `GET https://127.0.0.1:<port>/metrics` with `token` as its bearer token (none: anonymous),
+/// the server's certificate not verified (the operator's is self-signed unless given one):
+/// status and body. Through curl, which speaks TLS.
+pub fn https_scrape(port: u16, token: Option<&str>) -> Result<(u16, String)> {
+    let mut curl = Command::new("curl");
+    curl.args([
+        "-sS",
+        "--insecure",
+        "--max-time",
+        "10",
+        "-w",
+        "\n%{http_code}",
+    ]);
+    if let Some(token) = token {
+        // On the command line, visible in ps: fine for a test's short-lived token.
+        curl.arg("-H").arg(format!("Authorization: Bearer {token}"));
+    }
+    let out = curl
+        .arg(format!("https://127.0.0.1:{port}/metrics"))
+        .stdin(Stdio::null())
+        .output()
+        .context("running curl (Debian: curl)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').with_context(|| {
+        format!(
+            "curl printed no status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let code = code.trim().parse().with_context(|| {
+        format!(
+            "curl printed no status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    Ok((code, body.to_string()))
+}
+
 pub async fn http_get(url: &str) -> Result<(u16, String)> {
     http_call("GET", url, None).await
 }
@@ -402,6 +455,54 @@ pub async fn create_cluster_admin_service_account(
     namespace: &str,
     name: &str,
 ) -> Result<()> {
+    create_bound_service_account(client, namespace, name, "cluster-admin").await
+}
+
+/// The ClusterRole of the tests that read the secure `/metrics`: the rule of the chart's
+/// `metrics-reader` ClusterRole (get on the non-resource URL /metrics), created if missing.
+pub async fn metrics_reader_role(client: &Client) -> Result<&'static str> {
+    const NAME: &str = "maintenance-operator-tests-metrics-reader";
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": NAME },
+        "rules": [{ "nonResourceURLs": ["/metrics"], "verbs": ["get"] }],
+    }))?;
+    match Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+    {
+        Err(err) if crate::api_error(&err).is_none_or(|(c, _)| c != 409) => {
+            Err(err).with_context(|| format!("creating ClusterRole {NAME}"))
+        }
+        _ => Ok(NAME),
+    }
+}
+
+/// A token (valid for an hour) of ServiceAccount `namespace/name`.
+pub async fn service_account_token(client: &Client, namespace: &str, name: &str) -> Result<String> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token for ServiceAccount {namespace}/{name}"))?
+        .status
+        .and_then(|status| status.token)
+        .with_context(|| format!("the TokenRequest of {namespace}/{name} returned no token"))
+}
+
+/// Creates ServiceAccount `namespace/name` bound to ClusterRole `role` (either may exist already).
+pub async fn create_bound_service_account(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    role: &str,
+) -> Result<()> {
     let account = ServiceAccount {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -410,7 +511,7 @@ pub async fn create_cluster_admin_service_account(
         },
         ..ServiceAccount::default()
     };
-    let binding_name = format!("{namespace}-{name}-cluster-admin");
+    let binding_name = format!("{namespace}-{name}-{role}");
     let binding = ClusterRoleBinding {
         metadata: ObjectMeta {
             name: Some(binding_name.clone()),
@@ -419,7 +520,7 @@ pub async fn create_cluster_admin_service_account(
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
+            name: role.into(),
         },
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".into(),
@@ -462,21 +563,7 @@ pub async fn service_account_kubeconfig(
     name: &str,
     path: &Path,
 ) -> Result<()> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(testbed.client().await?, namespace);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("requesting a token for ServiceAccount {namespace}/{name}"))?
-        .status
-        .context("TokenRequest without status")?
-        .token;
+    let token = service_account_token(&testbed.client().await?, namespace, name).await?;
     let admin = Kubeconfig::read_from(testbed.kubeconfig_path())
         .with_context(|| format!("reading {}", testbed.kubeconfig_path().display()))?;
     let cluster = admin
