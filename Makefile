@@ -64,14 +64,18 @@ testbed:
 unit:
 	cargo test --workspace --lib --bins
 
+## Formatting, clippy, the doc links, and the supply chain: cargo deny checks the dependencies'
+## licences, duplicate versions, sources and security advisories against deny.toml.
 lint:
 	cargo fmt --all -- --check
+	scripts/supply-chain
 	cargo clippy --workspace --all-targets -- -D warnings
 	@# Every intra-doc link resolves (the dependencies' metadata is clippy's, so this is quick).
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 ## The operator image as an OCI archive, target/image/maintenance-operator-<version>.oci.tar: a
-## static musl binary FROM scratch, built with buildah (no Docker engine needed).
+## static musl binary FROM scratch, built with buildah (no Docker engine needed) and cargo
+## auditable; beside it the binary's SBOM, maintenance-operator-<version>.cdx.json (CycloneDX).
 image:
 	deploy/build-image.sh
 

@@ -4,8 +4,15 @@
 # target/image/maintenance-operator-<version>.oci.tar. deploy/Containerfile says what is in it; its
 # layout is the runtime stage of deploy/Dockerfile (for builds with Docker).
 #
-# Needs buildah (Debian: buildah), musl-gcc (Debian: musl-tools) and the Rust target
-# (rustup target add x86_64-unknown-linux-musl). Prints the archive's path.
+# The binary is built with cargo auditable: it carries its dependency list (every crate it is built
+# from, with its version and source) in a .dep-v0 section, which `cargo audit bin`, trivy and syft read.
+# auditable2cdx turns that list into the SBOM beside the archive,
+# target/image/maintenance-operator-<version>.cdx.json (CycloneDX JSON), so the SBOM describes
+# exactly what the binary was built from; the image's label io.github.maintenance-operator.sbom.digest holds its sha256.
+#
+# Needs buildah (Debian: buildah), musl-gcc (Debian: musl-tools), the Rust target
+# (rustup target add x86_64-unknown-linux-musl), cargo-auditable and auditable2cdx
+# (scripts/install-test-deps installs them). Prints the archive's path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +22,9 @@ command -v musl-gcc >/dev/null || fail "musl-gcc is missing: apt-get install --n
 target=x86_64-unknown-linux-musl
 rustup target list --installed 2>/dev/null | grep -qx "$target" ||
 	fail "the Rust target $target is missing: rustup target add $target"
+for tool in cargo-auditable auditable2cdx; do
+	command -v "$tool" >/dev/null || fail "$tool is missing: scripts/install-test-deps installs it"
+done
 ca=/etc/ssl/certs/ca-certificates.crt
 [[ -f $ca ]] || fail "$ca is missing: apt-get install ca-certificates"
 
@@ -30,13 +40,17 @@ repository=$(awk '/^image:/ { in_image = 1; next } /^[^ #]/ { in_image = 0 }
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 image="$repository:$version"
 
-cargo build --release --locked --target "$target" --bin maintenance-operator >&2
+cargo auditable build --release --locked --target "$target" --bin maintenance-operator >&2
+binary="target/$target/release/maintenance-operator"
 
 out=target/image
 context="$out/context"
 rm -rf "$context"
 mkdir -p "$context"
-cp "target/$target/release/maintenance-operator" "$context/maintenance-operator"
+cp "$binary" "$context/maintenance-operator"
+sbom="$out/maintenance-operator-$version.cdx.json"
+auditable2cdx "$binary" >"$sbom"
+sbom_digest=sha256:$(sha256sum "$sbom" | cut -d' ' -f1)
 cp "$ca" "$context/ca-certificates.crt"
 
 archive="$out/maintenance-operator-$version.oci.tar"
@@ -45,6 +59,7 @@ storage=(--storage-driver vfs)
 buildah "${storage[@]}" bud --isolation chroot --format oci --timestamp 0 --quiet \
 	--build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
 	--build-arg "SOURCE=$source_url" --build-arg "LICENSE=$license" \
+	--build-arg "SBOM_DIGEST=$sbom_digest" \
 	-f deploy/Containerfile -t "$image" "$context" >&2
 rm -f "$archive"
 buildah "${storage[@]}" push --quiet "$image" "oci-archive:$archive:$image" >&2

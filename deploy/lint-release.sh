@@ -27,7 +27,11 @@ actionlint=$(install_tool actionlint github.com/rhysd/actionlint/cmd/actionlint@
 echo "lint-release: actionlint: the workflows are valid" >&2
 
 target=x86_64-unknown-linux-musl
-cargo build --release --locked --target "$target" --bin kubectl-maintenance --bin kubectl_complete-maintenance >&2
+# cargo auditable, as the release builds the plugin (and as `make image` builds the operator, whose
+# workspace crates this build then reuses).
+command -v cargo-auditable >/dev/null ||
+	{ echo "lint-release: cargo-auditable is missing: scripts/install-test-deps installs it" >&2; exit 1; }
+cargo auditable build --release --locked --target "$target" --bin kubectl-maintenance --bin kubectl_complete-maintenance >&2
 version=v$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 repository=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 dist=target/krew

@@ -5,9 +5,11 @@
 //! binary, uid 65532, the OCI labels, the CA bundle, nothing else), and the operator runs from the
 //! unpacked root file system, chrooted as the image's user with the image's entrypoint, against
 //! the testbed with nothing but a token of the chart's ServiceAccount, mounted where Kubernetes
-//! mounts it: a whole maintenance goes through. A missing tool fails the test with how to
-//! install it.
+//! mounts it: a whole maintenance goes through. The binary carries its dependency list (cargo
+//! auditable), and the SBOM beside the archive is made from it. A missing tool fails the test
+//! with how to install it.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,15 +33,28 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
 /// Fails with how to install `tool` unless it is on PATH.
 fn require(tool: &str, package: &str) -> Result<()> {
-    let found = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
-        .unwrap_or(false);
     ensure!(
-        found,
+        on_path(tool),
         "{tool} is not installed: apt-get install --no-install-recommends {package} (.ci/run \
          installs it)"
+    );
+    Ok(())
+}
+
+/// Fails unless `tool`, one of the Rust tools scripts/install-test-deps installs from crates.io,
+/// is on PATH.
+pub(crate) fn require_cargo_tool(tool: &str) -> Result<()> {
+    ensure!(
+        on_path(tool),
+        "{tool} is not installed: scripts/install-test-deps installs it"
     );
     Ok(())
 }
@@ -152,6 +167,55 @@ fn has_interpreter(elf: &[u8]) -> Result<bool> {
     Ok(false)
 }
 
+/// The section names of an ELF64 little-endian file, from its section header table and the
+/// string table that names them.
+fn section_names(elf: &[u8]) -> Result<Vec<String>> {
+    let field = |at: usize, len: usize| -> Result<usize> {
+        let bytes = elf
+            .get(at..at + len)
+            .context("ELF header past the end of the file")?;
+        Ok(bytes
+            .iter()
+            .rev()
+            .fold(0usize, |value, &byte| value << 8 | usize::from(byte)))
+    };
+    let (shoff, shentsize, shnum) = (field(0x28, 8)?, field(0x3a, 2)?, field(0x3c, 2)?);
+    let header = |index: usize| shoff + index * shentsize;
+    let names = field(header(field(0x3e, 2)?) + 0x18, 8)?;
+    (0..shnum)
+        .map(|index| {
+            let start = names + field(header(index), 4)?;
+            let rest = elf
+                .get(start..)
+                .context("section name past the end of the file")?;
+            let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+            Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
+        })
+        .collect()
+}
+
+/// The versions of each package in Cargo.lock, by name.
+fn locked_versions() -> Result<BTreeMap<String, Vec<String>>> {
+    let lock = read(&repo().join("Cargo.lock"))?;
+    let mut versions: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for package in lock.split("[[package]]").skip(1) {
+        let value = |key: &str| {
+            package.lines().find_map(|line| {
+                line.strip_prefix(&format!("{key} = \""))
+                    .and_then(|rest| rest.strip_suffix('"'))
+            })
+        };
+        let (name, version) = value("name")
+            .zip(value("version"))
+            .context("a package of Cargo.lock without name or version")?;
+        versions
+            .entry(name.to_string())
+            .or_default()
+            .push(version.to_string());
+    }
+    Ok(versions)
+}
+
 /// The image the chart deploys by default (from the checked-in rendering of the chart, which
 /// tests/release/helm_chart.rs keeps equal to `helm template`).
 fn chart_image() -> Result<String> {
@@ -234,8 +298,9 @@ fn image_layout_is_static_non_root_and_labelled() -> Result<()> {
         "the revision label is {revision:?}, want the commit the image was built from"
     );
     ensure!(config["User"] == "65532:65532", "User {}", config["User"]);
+    // /metrics (HTTPS) and the probes.
     ensure!(
-        config["ExposedPorts"].get("8080/tcp").is_some(),
+        config["ExposedPorts"] == serde_json::json!({ "8443/tcp": {}, "8081/tcp": {} }),
         "ports {}",
         config["ExposedPorts"]
     );
@@ -253,6 +318,112 @@ fn image_layout_is_static_non_root_and_labelled() -> Result<()> {
         name == chart_image()?,
         "make image names the image {name:?}, the chart deploys {:?}",
         chart_image()?
+    );
+    Ok(())
+}
+
+/// `make image` built the binary with cargo auditable: it carries its dependency list (the
+/// .dep-v0 section). Beside the archive, the SBOM made from that list by auditable2cdx: CycloneDX
+/// JSON naming the operator and the crates it was built from at Cargo.lock's versions (and none
+/// of the tests' crates, such as proptest), equal to what auditable2cdx reads from
+/// the image's binary, and whose sha256 the image's label io.github.maintenance-operator.sbom.digest
+/// holds.
+#[test]
+fn image_binary_carries_its_dependency_list_and_the_sbom_beside_it() -> Result<()> {
+    require_cargo_tool("auditable2cdx")?;
+    let archive = image_archive()?;
+    let sbom_path = archive.with_file_name(format!("maintenance-operator-{}.cdx.json", version()));
+    let sbom_text = read(&sbom_path).context("make image writes the SBOM beside the archive")?;
+    let sbom: Value = serde_json::from_str(&sbom_text)
+        .with_context(|| format!("{} is no JSON", sbom_path.display()))?;
+    ensure!(
+        sbom["bomFormat"] == "CycloneDX",
+        "bomFormat {}",
+        sbom["bomFormat"]
+    );
+    ensure!(
+        sbom["specVersion"].is_string(),
+        "specVersion {}",
+        sbom["specVersion"]
+    );
+    let operator = &sbom["metadata"]["component"];
+    ensure!(
+        operator["name"] == "maintenance-operator" && operator["version"] == version(),
+        "the SBOM describes {operator}, want maintenance-operator {}",
+        version()
+    );
+    let mut components: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for component in sbom["components"]
+        .as_array()
+        .context("the SBOM lists no components")?
+    {
+        let (Some(name), Some(version)) =
+            (component["name"].as_str(), component["version"].as_str())
+        else {
+            anyhow::bail!("a component without name or version: {component}");
+        };
+        components
+            .entry(name.to_string())
+            .or_default()
+            .push(version.to_string());
+    }
+    let locked = locked_versions()?;
+    for name in [
+        "kube",
+        "kube-client",
+        "k8s-openapi",
+        "tokio",
+        "rustls",
+        "ring",
+        "maintenance-core",
+    ] {
+        ensure!(
+            components
+                .get(name)
+                .is_some_and(|v| Some(v) == locked.get(name)),
+            "the SBOM lists {name} at {:?}, Cargo.lock at {:?}",
+            components.get(name),
+            locked.get(name)
+        );
+    }
+    for (name, versions) in &components {
+        ensure!(
+            versions
+                .iter()
+                .all(|v| locked.get(name).is_some_and(|l| l.contains(v))),
+            "the SBOM lists {name} {versions:?}, which Cargo.lock does not"
+        );
+    }
+    ensure!(
+        !components.contains_key("proptest"),
+        "the SBOM lists proptest, which only the tests use: it is not the binary's"
+    );
+
+    let image = unpack()?;
+    let binary = image.rootfs().join("usr/local/bin/maintenance-operator");
+    let sections = section_names(&std::fs::read(&binary)?)?;
+    ensure!(
+        sections.iter().any(|s| s == ".dep-v0"),
+        "the image's binary has no .dep-v0 section: it was not built with cargo auditable \
+         (sections {sections:?})"
+    );
+    let from_binary = run(Command::new("auditable2cdx").arg(&binary))?;
+    ensure!(
+        from_binary == sbom_text,
+        "{} is not the SBOM of the image's binary",
+        sbom_path.display()
+    );
+
+    let sha256 = run(Command::new("sha256sum").arg(&sbom_path))?;
+    let digest = format!(
+        "sha256:{}",
+        sha256.split_whitespace().next().unwrap_or_default()
+    );
+    let label =
+        &image.image_config["config"]["Labels"]["io.github.maintenance-operator.sbom.digest"];
+    ensure!(
+        label.as_str() == Some(digest.as_str()),
+        "the image's SBOM label is {label}, the SBOM's digest {digest}"
     );
     Ok(())
 }

@@ -1,6 +1,7 @@
-//! What is shipped besides the binary: the Helm chart and its rendered manifests, the image, the
-//! Grafana dashboard and alerts; one test binary, each file a module. `make test` runs it after
-//! `make image`, whose archive `image` unpacks.
+//! What is shipped besides the binary: the Helm chart and its rendered manifests, the image and
+//! its SBOM, the Grafana dashboard and alerts, the supply-chain policy (deny.toml); one test
+//! binary, each file a module. `make test` runs it after `make image`, whose archive `image`
+//! unpacks.
 //!
 //! Apart from `e2e` because the chart's tests install its cluster-wide objects (the CRDs, RBAC,
 //! a `default` config of `maxParallelOperations: 1`) on this binary's shared testbed and run the
@@ -13,3 +14,4 @@ mod helm_chart;
 mod image;
 mod prometheus_server;
 mod real_node;
+mod supply_chain;
