@@ -1279,6 +1279,26 @@ async fn generated_webhook_certificate_is_kept_across_upgrades() -> Result<()> {
             webhook_entry(&second)?["clientConfig"]["caBundle"] == secret["data"]["ca.crt"],
             "the registration does not trust the kept CA"
         );
+        // A Secret of an older chart, whose certificate was made for other names (before
+        // /metrics used it): made anew, for the names of today.
+        let stale = json!({"metadata": {"annotations": {
+            "maintenance.nvidia.com/certificate-dns-names": format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc"),
+        }}});
+        secrets
+            .patch(WEBHOOK_SECRET, &PatchParams::default(), &Patch::Merge(&stale))
+            .await?;
+        let upgraded = render_live()?;
+        let renewed = &find(&upgraded, "Secret", WEBHOOK_SECRET)?["data"];
+        ensure!(
+            renewed["ca.crt"] != secret["data"]["ca.crt"],
+            "the certificate of an older chart was kept"
+        );
+        verify_serving_certificate(
+            &base64(&renewed["ca.crt"])?,
+            &base64(&renewed["tls.crt"])?,
+            &base64(&renewed["tls.key"])?,
+            &format!("{NAME}.{NAMESPACE}.svc"),
+        )?;
         // Without the Secret (say, deleted to renew), a new certificate is generated.
         secrets
             .delete(WEBHOOK_SECRET, &DeleteParams::default())
