@@ -3,7 +3,8 @@
 //! - `/metrics` answers only callers the API server authenticates (TokenReview) and authorizes
 //!   for `get` on the non-resource URL `/metrics` (SubjectAccessReview): 401 anonymous or with a
 //!   bad token, 403 for a ServiceAccount without the right, 200 with it; verdicts are cached, so
-//!   repeated scrapes cost no API calls. `--metrics-insecure` (the other tests') answers anyone.
+//!   repeated scrapes cost no API calls; a rotated certificate is served without a restart.
+//!   `--metrics-insecure` (the other tests') answers anyone.
 //! - The webhook under bad clients: an oversized body is refused unread (413), a slowloris
 //!   client (slow handshake, slow headers, slow body) is cut by timeouts, a flood of idle
 //!   connections past `--max-connections` is refused at once; meanwhile the real API server's
@@ -39,8 +40,30 @@ fn sample(text: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn metrics_answer_only_callers_the_api_server_allows() -> Result<()> {
     let (testbed, client, _ns, _nodes) = own_cluster("metrics-auth", 1, None).await?;
-    let operator = Operator::start(&testbed, &["--metrics-insecure=false"]).await?;
+    // A certificate from files (as the chart gives it), verified by the scrapes.
+    let dir = tempfile::tempdir()?;
+    let files = CertFiles::in_dir(dir.path());
+    let ca = Ca::new("metrics test CA 1")?;
+    files.write(&ca.serving()?)?;
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, ca.pem())?;
+    let (cert, key) = (
+        files.cert.to_string_lossy().into_owned(),
+        files.key.to_string_lossy().into_owned(),
+    );
+    let operator = Operator::start(
+        &testbed,
+        &[
+            "--metrics-insecure=false",
+            "--metrics-cert-file",
+            &cert,
+            "--metrics-key-file",
+            &key,
+        ],
+    )
+    .await?;
     let port = operator.metrics_port;
+    let scrape = |token: Option<&str>| https_scrape(port, token, Some(&ca_file));
 
     // Plain HTTP is not served on the secure port.
     ensure!(
@@ -50,10 +73,10 @@ async fn metrics_answer_only_callers_the_api_server_allows() -> Result<()> {
         "/metrics answered plain HTTP"
     );
 
-    let (code, body) = https_scrape(port, None)?;
+    let (code, body) = scrape(None)?;
     ensure!(code == 401, "anonymous: {code} {body}");
     ensure!(body.contains("bearer token"), "anonymous: {body}");
-    let (code, body) = https_scrape(port, Some("not-a-token"))?;
+    let (code, body) = scrape(Some("not-a-token"))?;
     ensure!(code == 401, "a bad token: {code} {body}");
 
     // A ServiceAccount without the right: authenticated, not authorized.
@@ -61,7 +84,7 @@ async fn metrics_answer_only_callers_the_api_server_allows() -> Result<()> {
     let nobody = "no-metrics";
     create_bound_service_account(&client, ns, nobody, "view").await?;
     let nobody_token = service_account_token(&client, ns, nobody).await?;
-    let (code, body) = https_scrape(port, Some(&nobody_token))?;
+    let (code, body) = scrape(Some(&nobody_token))?;
     ensure!(code == 403, "a token without the right: {code} {body}");
     ensure!(
         body.contains("metrics-reader"),
@@ -73,7 +96,7 @@ async fn metrics_answer_only_callers_the_api_server_allows() -> Result<()> {
     let role = metrics_reader_role(&client).await?;
     create_bound_service_account(&client, ns, reader, role).await?;
     let token = service_account_token(&client, ns, reader).await?;
-    let (code, body) = https_scrape(port, Some(&token))?;
+    let (code, body) = scrape(Some(&token))?;
     ensure!(code == 200, "a token with the right: {code} {body}");
     ensure!(
         body.contains("maintenance_operator_leader 1"),
@@ -82,10 +105,10 @@ async fn metrics_answer_only_callers_the_api_server_allows() -> Result<()> {
 
     // Verdicts are remembered: five more scrapes, no more reviews.
     for _ in 0..5 {
-        let (code, _) = https_scrape(port, Some(&token))?;
+        let (code, _) = scrape(Some(&token))?;
         ensure!(code == 200, "a repeated scrape: {code}");
     }
-    let (_, body) = https_scrape(port, Some(&token))?;
+    let (_, body) = scrape(Some(&token))?;
     let count = |verdict: &str, source: &str| {
         sample(
             &body,
@@ -105,6 +128,27 @@ async fn metrics_answer_only_callers_the_api_server_allows() -> Result<()> {
     ensure!(
         forbidden == 1.0 && anonymous == 1.0,
         "forbidden {forbidden}, anonymous {anonymous}"
+    );
+    // A rotated certificate is served without a restart, as the webhook's.
+    let second_ca = Ca::new("metrics test CA 2")?;
+    files.write(&second_ca.serving()?)?;
+    let second_ca_file = dir.path().join("ca-2.crt");
+    std::fs::write(&second_ca_file, second_ca.pem())?;
+    let verified_by_second_ca = || https_scrape(port, Some(&token), Some(&second_ca_file));
+    wait_for(
+        "the rotated /metrics certificate to be served",
+        WAIT,
+        || async {
+            Ok(verified_by_second_ca()
+                .ok()
+                .filter(|(code, _)| *code == 200)
+                .map(|_| ()))
+        },
+    )
+    .await?;
+    ensure!(
+        scrape(Some(&token)).map_or(true, |(code, _)| code != 200),
+        "the first CA still verifies /metrics after the rotation"
     );
     // Probes stay open on their own port.
     let (code, _) = http_get(&format!("http://127.0.0.1:{}/readyz", operator.health_port)).await?;

@@ -365,20 +365,16 @@ impl Operator {
     }
 }
 
-/// A GET with [`http_call`].
 /// `GET https://127.0.0.1:<port>/metrics` with `token` as its bearer token (none: anonymous),
-/// the server's certificate not verified (the operator's is self-signed unless given one):
-/// status and body. Through curl, which speaks TLS.
-pub fn https_scrape(port: u16, token: Option<&str>) -> Result<(u16, String)> {
+/// the server's certificate verified against the CA in file `ca` (none: not verified, as the
+/// operator's own self-signed one cannot be): status and body. Through curl, which speaks TLS.
+pub fn https_scrape(port: u16, token: Option<&str>, ca: Option<&Path>) -> Result<(u16, String)> {
     let mut curl = Command::new("curl");
-    curl.args([
-        "-sS",
-        "--insecure",
-        "--max-time",
-        "10",
-        "-w",
-        "\n%{http_code}",
-    ]);
+    curl.args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"]);
+    match ca {
+        Some(ca) => curl.arg("--cacert").arg(ca),
+        None => curl.arg("--insecure"),
+    };
     if let Some(token) = token {
         // On the command line, visible in ps: fine for a test's short-lived token.
         curl.arg("-H").arg(format!("Authorization: Bearer {token}"));
@@ -404,6 +400,7 @@ pub fn https_scrape(port: u16, token: Option<&str>) -> Result<(u16, String)> {
     Ok((code, body.to_string()))
 }
 
+/// A GET with [`http_call`].
 pub async fn http_get(url: &str) -> Result<(u16, String)> {
     http_call("GET", url, None).await
 }
