@@ -6,7 +6,8 @@
 //!   repeated scrapes cost no API calls; a rotated certificate is served without a restart.
 //!   `--metrics-insecure` (the other tests') answers anyone.
 //! - The webhook under bad clients: an oversized body is refused unread (413), a slowloris
-//!   client (slow handshake, slow headers, slow body) is cut by timeouts, a flood of idle
+//!   client (slow handshake, slow headers, slow body) is cut by timeouts, TLS 1.1 is refused, a
+//!   client resetting HTTP/2 streams as fast as it opens them is disconnected, a flood of idle
 //!   connections past `--max-connections` is refused at once; meanwhile the real API server's
 //!   reviews are answered in time.
 //!
@@ -271,6 +272,48 @@ async fn abuse(
         started.elapsed().as_secs_f64()
     );
 
+    // Only TLS 1.2 and later: a client that offers TLS 1.1 alone (OpenSSL's security level
+    // lowered so that it does) is refused in the handshake; the same client with TLS 1.2 is not.
+    let tls = |version: &str| {
+        std::process::Command::new("openssl")
+            .args([
+                "s_client",
+                "-connect",
+                &format!("127.0.0.1:{port}"),
+                version,
+            ])
+            .args(["-cipher", "DEFAULT:@SECLEVEL=0", "-CAfile"])
+            .arg(ca_file)
+            .stdin(Stdio::null())
+            .output()
+            .context("running openssl s_client (Debian: openssl)")
+    };
+    let old = tls("-tls1_1")?;
+    let said =
+        String::from_utf8_lossy(&old.stderr).into_owned() + &String::from_utf8_lossy(&old.stdout);
+    ensure!(
+        // rustls answers a ClientHello without TLS 1.2 or 1.3 with a handshake_failure alert.
+        !old.status.success() && said.contains("alert") && said.contains("Cipher is (NONE)"),
+        "a TLS 1.1 handshake was not refused:\n{said}"
+    );
+    let current = tls("-tls1_2")?;
+    ensure!(
+        current.status.success() && String::from_utf8_lossy(&current.stdout).contains("TLSv1.2"),
+        "a TLS 1.2 handshake failed: {}",
+        String::from_utf8_lossy(&current.stderr)
+    );
+
+    // HTTP/2 rapid reset (CVE-2023-44487): a client that resets every stream as soon as it
+    // opens it has its connection closed (hyper's bound on streams reset before they are
+    // answered, 20, set explicitly in src/serve.rs), and the API server's reviews go on.
+    let (resets, closed) = rapid_reset(port, ca_file.to_path_buf()).await?;
+    ensure!(
+        closed,
+        "the server took {resets} streams reset at once without closing the connection"
+    );
+    eprintln!("rapid reset: the connection was closed after {resets} reset streams");
+    reviewed_in_time(client, ns, "after a rapid-reset client").await?;
+
     // A flood of idle connections past --max-connections: those past the limit are closed at
     // once; the API server's own connection (kept alive) goes on being answered, and the idle
     // ones are cut by the handshake timeout.
@@ -298,6 +341,56 @@ async fn abuse(
     drop(flood);
     reviewed_in_time(client, ns, "after the flood").await?;
     Ok(())
+}
+
+/// Streams the rapid-reset client opens and resets at most.
+const RAPID_RESETS: usize = 10_000;
+
+/// Opens and at once resets HTTP/2 streams on one connection (TLS, ALPN h2), [`RAPID_RESETS`]
+/// times or until the server closes the connection: how many were reset, and whether it closed.
+async fn rapid_reset(port: u16, ca_file: std::path::PathBuf) -> Result<(usize, bool)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(&ca_file)?)?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp)
+        .await?;
+    let (client, connection) = h2::client::handshake(tls).await?;
+    let connection = tokio::spawn(connection);
+    let uri = format!("https://127.0.0.1:{port}{WEBHOOK_PATH}");
+    let mut sent = 0;
+    let mut closed = false;
+    while sent < RAPID_RESETS {
+        let Ok(mut ready) = client.clone().ready().await else {
+            closed = true;
+            break;
+        };
+        let request = http::Request::post(uri.as_str()).body(())?;
+        match ready.send_request(request, false) {
+            Ok((_, mut stream)) => {
+                // Let the connection task write the HEADERS frame before the reset, so that
+                // the server sees each stream opened, then reset.
+                tokio::task::yield_now().await;
+                stream.send_reset(h2::Reason::CANCEL);
+                tokio::task::yield_now().await;
+            }
+            Err(_) => {
+                closed = true;
+                break;
+            }
+        }
+        sent += 1;
+    }
+    connection.abort();
+    Ok((sent, closed))
 }
 
 /// A temporary file of `size` bytes of JSON-looking garbage.
