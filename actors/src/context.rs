@@ -53,6 +53,9 @@ pub struct Context {
     pub set_log_level: Option<LogLevelSetter>,
     /// How long a Pending request may wait for a node that does not exist before it is deleted.
     pub missing_node_grace: Duration,
+    /// The config's `admission.protectFromAutoscalers`, as the supervisor last read it: whether
+    /// a cordon also keeps the autoscalers off the node.
+    pub protect_from_autoscalers: AtomicBool,
 }
 
 /// Default of [`Context::missing_node_grace`]: long enough for a node being provisioned to
@@ -89,6 +92,7 @@ impl Context {
             leading: AtomicBool::new(false),
             set_log_level: None,
             missing_node_grace: DEFAULT_MISSING_NODE_GRACE,
+            protect_from_autoscalers: AtomicBool::new(true),
         }
     }
 

@@ -764,17 +764,32 @@ fn start_force_delete(
     });
 }
 
-/// The cordon marks the node with its request, the uncordon removes the mark
-/// (`cordon_mark`: what finds a node whose request went without our cleanup once no actor
-/// remembers it).
+/// The cordon marks the node with its request (and keeps the autoscalers off it), the uncordon
+/// removes the mark and what the cordon added (`cordon_mark`: what finds a node whose request
+/// went without our cleanup once no actor remembers it). Both read the node fresh: which
+/// autoscaler annotations were there before us, or which we added, must not come from a cache
+/// that may still show the previous request's.
 async fn set_unschedulable(
     state: &RequestActorState,
     unschedulable: bool,
 ) -> Result<(), kube::Error> {
+    let Some(node) = node_api(state).get_opt(state.node()).await? else {
+        // A node that is gone needs neither cordon nor uncordon.
+        return Ok(());
+    };
+    let annotations = node.metadata.annotations.as_ref();
     let patch = if unschedulable {
-        cordon_mark::cordon_patch(&state.request)
+        let protect = state
+            .ctx
+            .protect_from_autoscalers
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let add = cordon_mark::autoscaler_annotations_to_add(annotations, protect);
+        cordon_mark::cordon_patch(&state.request, &add)
     } else {
-        cordon_mark::uncordon_patch(None)
+        cordon_mark::uncordon_patch(
+            None,
+            &cordon_mark::autoscaler_annotations_added(annotations),
+        )
     };
     match node_api(state)
         .patch(state.node(), &PatchParams::default(), &Patch::Merge(&patch))

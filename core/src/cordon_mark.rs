@@ -18,7 +18,7 @@
 //! guard covers a cache of nodes that lags: a mark the cache still shows after our own uncordon
 //! (or a later request's cordon) is at an older version, and the write conflicts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -32,39 +32,106 @@ pub const CORDONED_BY_ANNOTATION: &str = "maintenance.nvidia.com/cordoned-by";
 /// The UID of that request: a request re-created under the same name is another request.
 pub const CORDONED_BY_UID_ANNOTATION: &str = "maintenance.nvidia.com/cordoned-by-uid";
 
-/// Whether a node annotation is part of the mark (the operator's cache of nodes keeps these and
-/// drops the others).
+/// cluster-autoscaler does not scale a node down while it carries this annotation.
+pub const SCALE_DOWN_DISABLED_ANNOTATION: &str =
+    "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+/// Karpenter does not disrupt (consolidate, drift, expire) a node that carries this annotation.
+pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+/// What keeps the autoscalers off a node in maintenance
+/// (`spec.admission.protectFromAutoscalers`): each set to `"true"` with the cordon.
+pub const AUTOSCALER_ANNOTATIONS: [&str; 2] =
+    [SCALE_DOWN_DISABLED_ANNOTATION, DO_NOT_DISRUPT_ANNOTATION];
+/// Which of [`AUTOSCALER_ANNOTATIONS`] the cordon added (comma-separated), so that the uncordon
+/// removes those and leaves alone one that was there before us, as it leaves a cordon that was.
+pub const AUTOSCALER_ANNOTATIONS_ADDED: &str =
+    "maintenance.nvidia.com/autoscaler-annotations-added";
+
+/// Whether a node annotation is part of the mark, or one the mark decides about (the operator's
+/// cache of nodes keeps these and drops the others).
 pub fn is_mark(key: &str) -> bool {
-    key == CORDONED_BY_ANNOTATION || key == CORDONED_BY_UID_ANNOTATION
+    key == CORDONED_BY_ANNOTATION
+        || key == CORDONED_BY_UID_ANNOTATION
+        || key == AUTOSCALER_ANNOTATIONS_ADDED
+        || AUTOSCALER_ANNOTATIONS.contains(&key)
+}
+
+/// The autoscaler annotations a cordon writes as ours on a node that carries `annotations` now:
+/// with `protect`, each of [`AUTOSCALER_ANNOTATIONS`] the node does not carry yet (whatever its
+/// value: someone else's setting is theirs to keep), and those it carries because our cordon
+/// added them (a cordon written again after a lost answer lists them again).
+pub fn autoscaler_annotations_to_add(
+    annotations: Option<&BTreeMap<String, String>>,
+    protect: bool,
+) -> Vec<&'static str> {
+    if !protect {
+        return Vec::new();
+    }
+    let ours = autoscaler_annotations_added(annotations);
+    AUTOSCALER_ANNOTATIONS
+        .into_iter()
+        .filter(|key| {
+            annotations.is_none_or(|a| !a.contains_key(*key)) || ours.iter().any(|o| o == key)
+        })
+        .collect()
+}
+
+/// The autoscaler annotations our cordon added to a node with `annotations`, which its uncordon
+/// removes.
+pub fn autoscaler_annotations_added(annotations: Option<&BTreeMap<String, String>>) -> Vec<String> {
+    annotations
+        .and_then(|a| a.get(AUTOSCALER_ANNOTATIONS_ADDED))
+        .map(|list| {
+            list.split(',')
+                .map(str::trim)
+                .filter(|key| AUTOSCALER_ANNOTATIONS.contains(key))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// How long a node must be seen orphaned before it is uncordoned.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
 
-/// The node patch of the cordon: unschedulable, and marked as cordoned by `request`.
-pub fn cordon_patch(request: &NodeMaintenance) -> Value {
+/// The node patch of the cordon: unschedulable, marked as cordoned by `request`, and carrying
+/// the autoscaler annotations `protect` lists ([`autoscaler_annotations_to_add`]), recorded as
+/// ours in the same write.
+pub fn cordon_patch(request: &NodeMaintenance, protect: &[&str]) -> Value {
     let key = format!(
         "{}/{}",
         request.metadata.namespace.as_deref().unwrap_or_default(),
         request.metadata.name.as_deref().unwrap_or_default()
     );
+    let mut annotations = json!({
+        CORDONED_BY_ANNOTATION: key,
+        CORDONED_BY_UID_ANNOTATION: request.metadata.uid.as_deref().unwrap_or_default(),
+    });
+    for annotation in protect {
+        annotations[*annotation] = json!("true");
+    }
+    if !protect.is_empty() {
+        annotations[AUTOSCALER_ANNOTATIONS_ADDED] = json!(protect.join(","));
+    }
     json!({
-        "metadata": { "annotations": {
-            CORDONED_BY_ANNOTATION: key,
-            CORDONED_BY_UID_ANNOTATION: request.metadata.uid.as_deref().unwrap_or_default(),
-        } },
+        "metadata": { "annotations": annotations },
         "spec": { "unschedulable": true },
     })
 }
 
-/// The node patch of the uncordon: schedulable, and the mark removed. `resource_version` guards
-/// it (the orphan sweep writes on what its cache showed); `None` writes unconditionally (the
-/// request actor uncordons what its request cordoned).
-pub fn uncordon_patch(resource_version: Option<&str>) -> Value {
-    let mut metadata = json!({ "annotations": {
+/// The node patch of the uncordon: schedulable, the mark removed, and the autoscaler
+/// annotations the cordon added (`added`, [`autoscaler_annotations_added`]) with it.
+/// `resource_version` guards it (the orphan sweep writes on what its cache showed); `None` writes
+/// unconditionally (the request actor uncordons what its request cordoned).
+pub fn uncordon_patch(resource_version: Option<&str>, added: &[String]) -> Value {
+    let mut annotations = json!({
         CORDONED_BY_ANNOTATION: null,
         CORDONED_BY_UID_ANNOTATION: null,
-    } });
+        AUTOSCALER_ANNOTATIONS_ADDED: null,
+    });
+    for annotation in added {
+        annotations[annotation.as_str()] = Value::Null;
+    }
+    let mut metadata = json!({ "annotations": annotations });
     if let Some(version) = resource_version {
         metadata["resourceVersion"] = json!(version);
     }
@@ -80,6 +147,8 @@ pub struct CordonMark {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// The autoscaler annotations the cordon added, which the uncordon removes.
+    pub autoscaler_annotations: Vec<String>,
 }
 
 impl CordonMark {
@@ -119,6 +188,7 @@ pub fn cordon_mark(node: &Node) -> Option<CordonMark> {
         namespace: namespace.to_string(),
         name: name.to_string(),
         uid: uid.clone(),
+        autoscaler_annotations: autoscaler_annotations_added(Some(annotations)),
     })
 }
 
@@ -244,7 +314,7 @@ mod tests {
 
     #[test]
     fn the_cordon_marks_the_node_and_the_uncordon_removes_only_the_mark() {
-        let cordoned = patched(&node("n1", "7"), &cordon_patch(&request()));
+        let cordoned = patched(&node("n1", "7"), &cordon_patch(&request(), &[]));
         assert_eq!(
             cordoned.spec.as_ref().and_then(|s| s.unschedulable),
             Some(true)
@@ -259,7 +329,10 @@ mod tests {
             ("team", "m", "uid-m")
         );
 
-        let uncordoned = patched(&cordoned, &uncordon_patch(None));
+        let uncordoned = patched(
+            &cordoned,
+            &uncordon_patch(None, &mark.autoscaler_annotations),
+        );
         assert_eq!(cordon_mark(&uncordoned), None);
         assert_eq!(
             uncordoned.spec.as_ref().and_then(|s| s.unschedulable),
@@ -271,12 +344,109 @@ mod tests {
         );
     }
 
+    fn annotations(node: &Node) -> BTreeMap<String, String> {
+        node.metadata.annotations.clone().unwrap_or_default()
+    }
+
+    #[test]
+    fn the_cordon_keeps_the_autoscalers_off_and_the_uncordon_gives_the_node_back() {
+        let before = node("n1", "7");
+        let add = autoscaler_annotations_to_add(before.metadata.annotations.as_ref(), true);
+        assert_eq!(add, AUTOSCALER_ANNOTATIONS.to_vec());
+        let cordoned = patched(&before, &cordon_patch(&request(), &add));
+        let on_node = annotations(&cordoned);
+        for key in AUTOSCALER_ANNOTATIONS {
+            assert_eq!(on_node.get(key).map(String::as_str), Some("true"), "{key}");
+        }
+        let mark = cordon_mark(&cordoned).expect("a mark");
+        assert_eq!(mark.autoscaler_annotations, AUTOSCALER_ANNOTATIONS.to_vec());
+
+        // The request actor's uncordon and the orphan sweep's remove the same.
+        for version in [None, Some("8")] {
+            let uncordoned = patched(
+                &cordoned,
+                &uncordon_patch(version, &mark.autoscaler_annotations),
+            );
+            assert_eq!(annotations(&uncordoned), annotations(&before));
+        }
+    }
+
+    #[test]
+    fn an_autoscaler_annotation_that_was_there_before_is_left_alone() {
+        // Someone keeps Karpenter off this node on purpose (even with another value).
+        let before = fixtures::node("n1")
+            .version("7")
+            .annotation(DO_NOT_DISRUPT_ANNOTATION, "false")
+            .build();
+        let add = autoscaler_annotations_to_add(before.metadata.annotations.as_ref(), true);
+        assert_eq!(add, vec![SCALE_DOWN_DISABLED_ANNOTATION]);
+        let cordoned = patched(&before, &cordon_patch(&request(), &add));
+        assert_eq!(
+            annotations(&cordoned)
+                .get(DO_NOT_DISRUPT_ANNOTATION)
+                .map(String::as_str),
+            Some("false"),
+            "their value is theirs"
+        );
+        let added = autoscaler_annotations_added(cordoned.metadata.annotations.as_ref());
+        assert_eq!(added, vec![SCALE_DOWN_DISABLED_ANNOTATION.to_string()]);
+        let uncordoned = patched(&cordoned, &uncordon_patch(None, &added));
+        assert_eq!(annotations(&uncordoned), annotations(&before));
+    }
+
+    #[test]
+    fn a_cordon_written_again_keeps_its_autoscaler_annotations_ours() {
+        // The first cordon went through but its answer was lost; the retry reads the node.
+        let before = fixtures::node("n1")
+            .version("7")
+            .annotation(DO_NOT_DISRUPT_ANNOTATION, "true")
+            .build();
+        let first = autoscaler_annotations_to_add(before.metadata.annotations.as_ref(), true);
+        let cordoned = patched(&before, &cordon_patch(&request(), &first));
+        let again = autoscaler_annotations_to_add(cordoned.metadata.annotations.as_ref(), true);
+        assert_eq!(again, first);
+        let twice = patched(&cordoned, &cordon_patch(&request(), &again));
+        let added = autoscaler_annotations_added(twice.metadata.annotations.as_ref());
+        assert_eq!(added, vec![SCALE_DOWN_DISABLED_ANNOTATION.to_string()]);
+        let uncordoned = patched(&twice, &uncordon_patch(None, &added));
+        assert_eq!(annotations(&uncordoned), annotations(&before));
+    }
+
+    #[test]
+    fn without_protection_the_cordon_adds_no_autoscaler_annotation() {
+        let before = node("n1", "7");
+        let add = autoscaler_annotations_to_add(before.metadata.annotations.as_ref(), false);
+        assert!(add.is_empty());
+        let cordoned = patched(&before, &cordon_patch(&request(), &add));
+        let on_node = annotations(&cordoned);
+        assert!(
+            AUTOSCALER_ANNOTATIONS
+                .iter()
+                .all(|key| !on_node.contains_key(*key))
+        );
+        assert!(!on_node.contains_key(AUTOSCALER_ANNOTATIONS_ADDED));
+        assert!(autoscaler_annotations_added(Some(&on_node)).is_empty());
+    }
+
+    #[test]
+    fn only_known_autoscaler_annotations_are_removed() {
+        // A hand-edited list never makes the uncordon remove something else.
+        let annotations = BTreeMap::from([(
+            AUTOSCALER_ANNOTATIONS_ADDED.to_string(),
+            format!("{DO_NOT_DISRUPT_ANNOTATION}, other, ").to_string(),
+        )]);
+        assert_eq!(
+            autoscaler_annotations_added(Some(&annotations)),
+            vec![DO_NOT_DISRUPT_ANNOTATION.to_string()]
+        );
+    }
+
     #[test]
     fn the_sweep_writes_on_the_version_it_read() {
-        let patch = uncordon_patch(Some("42"));
+        let patch = uncordon_patch(Some("42"), &[]);
         assert_eq!(patch["metadata"]["resourceVersion"], json!("42"));
         assert!(
-            uncordon_patch(None)["metadata"]
+            uncordon_patch(None, &[])["metadata"]
                 .get("resourceVersion")
                 .is_none()
         );
@@ -284,7 +454,7 @@ mod tests {
 
     #[test]
     fn only_marks_of_requests_nothing_holds_are_orphaned() {
-        let marked = patched(&node("n1", "7"), &cordon_patch(&request()));
+        let marked = patched(&node("n1", "7"), &cordon_patch(&request(), &[]));
         let unmarked = node("n2", "8");
         let nodes = [marked, unmarked];
         assert!(orphaned_cordons(&nodes, |uid| uid == "uid-m").is_empty());
@@ -311,6 +481,7 @@ mod tests {
             namespace: "team".into(),
             name: "m".into(),
             uid: uid.into(),
+            autoscaler_annotations: Vec::new(),
         }
     }
 

@@ -7,8 +7,8 @@
 //!   `spec.unschedulable`, the status of the `Ready` condition;
 //! - the capacity check ([`crate::capacity::CapacityNode::from_node`]): name, labels,
 //!   `spec.taints`, `status.allocatable`;
-//! - the cordon mark ([`crate::cordon_mark::cordon_mark`]): the mark's annotations, the
-//!   resourceVersion, `spec.unschedulable`;
+//! - the cordon mark ([`crate::cordon_mark::cordon_mark`]): the mark's annotations and the
+//!   autoscaler annotations it decides about, the resourceVersion, `spec.unschedulable`;
 //! - the pending-drain taint ([`crate::pending_taint::has_pending_drain_taint`]): `spec.taints`.
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
@@ -135,7 +135,7 @@ mod tests {
             }),
         };
         if let Some(request) = cordoned_by {
-            let patch = cordon_mark::cordon_patch(&request.0);
+            let patch = cordon_mark::cordon_patch(&request.0, &cordon_mark::AUTOSCALER_ANNOTATIONS);
             let annotations = patch["metadata"]["annotations"]
                 .as_object()
                 .expect("the cordon patch writes annotations");

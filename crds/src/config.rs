@@ -118,6 +118,14 @@ pub struct Admission {
     /// from every node when this is turned off. Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taint_waiting_nodes: Option<bool>,
+
+    /// Keep cluster-autoscaler and Karpenter off a node in maintenance: the cordon writes
+    /// `cluster-autoscaler.kubernetes.io/scale-down-disabled: "true"` and
+    /// `karpenter.sh/do-not-disrupt: "true"` in the same patch, and the uncordon removes them,
+    /// so an autoscaler neither removes the node mid-drain nor drains it itself. An annotation the
+    /// node carried before is left alone, like a cordon that was there. Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protect_from_autoscalers: Option<bool>,
 }
 
 impl Admission {
@@ -129,6 +137,9 @@ impl Admission {
     }
     pub fn taint_waiting_nodes(&self) -> bool {
         self.taint_waiting_nodes.unwrap_or(true)
+    }
+    pub fn protect_from_autoscalers(&self) -> bool {
+        self.protect_from_autoscalers.unwrap_or(true)
     }
     /// How long a request whose drain would wait may be passed over.
     pub fn max_pass_over_seconds(&self) -> i64 {
@@ -254,6 +265,9 @@ impl MaintenanceOperatorConfigSpec {
     }
     pub fn taint_waiting_nodes(&self) -> bool {
         self.admission().taint_waiting_nodes()
+    }
+    pub fn protect_from_autoscalers(&self) -> bool {
+        self.admission().protect_from_autoscalers()
     }
     pub fn evictions_per_second(&self) -> u32 {
         self.evictions_per_second

@@ -114,6 +114,89 @@ async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
     monitor.held().await
 }
 
+/// `admission.protectFromAutoscalers` (default on): from the cordon to the uncordon the node
+/// carries cluster-autoscaler's `scale-down-disabled` and Karpenter's `do-not-disrupt`, written
+/// with the cordon and removed with the uncordon; one the node carried before is left alone.
+#[tokio::test]
+async fn the_cordon_keeps_the_autoscalers_off_until_the_release() -> Result<()> {
+    let (client, ns, nodes, monitor) = monitored_setup("autoscale", 2).await?;
+    let (plain, kept) = (&nodes[0], &nodes[1]);
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    // Someone keeps Karpenter off `kept` on purpose.
+    let theirs = serde_json::json!({ "metadata": { "annotations": {
+        cordon_mark::DO_NOT_DISRUPT_ANNOTATION: "true",
+    } } });
+    nodes_api
+        .patch(kept, &PatchParams::default(), &Patch::Merge(&theirs))
+        .await?;
+    let autoscaler_annotations = |node: &Node| -> BTreeMap<String, String> {
+        node.annotations()
+            .iter()
+            .filter(|(key, _)| {
+                cordon_mark::AUTOSCALER_ANNOTATIONS.contains(&key.as_str())
+                    || key.as_str() == cordon_mark::AUTOSCALER_ANNOTATIONS_ADDED
+            })
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
+    };
+    let before: Vec<BTreeMap<String, String>> = vec![
+        autoscaler_annotations(&nodes_api.get(plain).await?),
+        autoscaler_annotations(&nodes_api.get(kept).await?),
+    ];
+
+    for (name, node) in [("plain", plain), ("kept", kept)] {
+        create_request(
+            &client,
+            &ns,
+            name,
+            request_spec(node, "autoscale.example.com"),
+        )
+        .await?;
+        wait_phase(&client, &ns, name, Phase::Ready, WAIT).await?;
+    }
+    let (ca, karpenter, added) = (
+        cordon_mark::SCALE_DOWN_DISABLED_ANNOTATION,
+        cordon_mark::DO_NOT_DISRUPT_ANNOTATION,
+        cordon_mark::AUTOSCALER_ANNOTATIONS_ADDED,
+    );
+    let on_plain = autoscaler_annotations(&nodes_api.get(plain).await?);
+    ensure!(
+        on_plain
+            == BTreeMap::from([
+                (ca.to_string(), "true".to_string()),
+                (karpenter.to_string(), "true".to_string()),
+                (added.to_string(), format!("{ca},{karpenter}")),
+            ]),
+        "{plain} in maintenance: {on_plain:?}"
+    );
+    let on_kept = autoscaler_annotations(&nodes_api.get(kept).await?);
+    ensure!(
+        on_kept
+            == BTreeMap::from([
+                (ca.to_string(), "true".to_string()),
+                (karpenter.to_string(), "true".to_string()),
+                (added.to_string(), ca.to_string()),
+            ]),
+        "{kept} in maintenance (Karpenter's annotation was there before): {on_kept:?}"
+    );
+
+    for name in ["plain", "kept"] {
+        release_request(&client, &ns, name, WAIT).await?;
+    }
+    for (node, before) in [plain, kept].into_iter().zip(before) {
+        ensure!(
+            !node_unschedulable(&client, node).await?,
+            "{node} left cordoned"
+        );
+        let after = autoscaler_annotations(&nodes_api.get(node).await?);
+        ensure!(
+            after == before,
+            "{node} after the release: {after:?}, before the request: {before:?}"
+        );
+    }
+    monitor.held().await
+}
+
 /// Requests on one node, each created the moment the one before is gone: the admission takes
 /// the node's state from the cache when the cache shows it schedulable and reads it again when
 /// the cache may still show the previous request's cordon, so every request records the node as
@@ -467,6 +550,14 @@ async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> 
     assert!(
         !node_unschedulable(&client, node).await?,
         "{node} left cordoned"
+    );
+    assert!(
+        after
+            .annotations()
+            .keys()
+            .all(|key| !cordon_mark::is_mark(key)),
+        "the uncordon removes the mark and the autoscaler annotations: {:?}",
+        after.annotations()
     );
     assert_eq!(mark_of(after), None, "the uncordon removes the mark");
     Ok(())

@@ -418,7 +418,8 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .observe(started.elapsed().as_secs_f64());
 }
 
-/// The config's log level and eviction rate, applied as the config says now.
+/// The config's log level, eviction rate and autoscaler protection, applied as the config says
+/// now.
 fn apply_config(state: &mut SupervisorState, config: Option<&MaintenanceOperatorConfigSpec>) {
     let log_level = config
         .and_then(|c| c.log_level.clone())
@@ -429,6 +430,10 @@ fn apply_config(state: &mut SupervisorState, config: Option<&MaintenanceOperator
         }
         state.log_level = Some(log_level);
     }
+    state.ctx.protect_from_autoscalers.store(
+        config.is_none_or(|c| c.protect_from_autoscalers()),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     state.ctx.evictor.set_rate(EvictionRate {
         per_second: config.map_or(maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND, |c| {
             c.evictions_per_second()

@@ -95,7 +95,10 @@ pub(crate) fn uncordon_orphans(
         myself,
         due,
         |ctx, mark| async move {
-            let patch = cordon_mark::uncordon_patch(mark.resource_version.as_deref());
+            let patch = cordon_mark::uncordon_patch(
+                mark.resource_version.as_deref(),
+                &mark.autoscaler_annotations,
+            );
             let nodes: Api<Node> = Api::all(ctx.client.clone());
             let request = format!("{}/{} (uid {})", mark.namespace, mark.name, mark.uid);
             let result = nodes
