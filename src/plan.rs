@@ -190,6 +190,12 @@ fn render_table(report: &PlanReport) -> String {
             describe_windows(windows)
         ));
     }
+    if let Some(blackout) = &decision.blackout {
+        out.push_str(&format!(
+            "Blackout:                {:?} (blackouts[{}]) until {}\n",
+            blackout.reason, blackout.index, blackout.until
+        ));
+    }
     if let Some(capacity) = &decision.capacity {
         out.push_str(&format!("Capacity for evictions: {capacity}\n"));
     }
@@ -348,6 +354,7 @@ fn columns<const N: usize>(rows: &[[String; N]]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use maintenance_core::scheduler::WaitCause;
 
     #[test]
     fn table_lists_every_pending_request() {
@@ -397,5 +404,56 @@ spec: {maxParallelOperations: 1, maxUnavailable: 1}
         let empty = render_table(&empty);
         assert!(empty.contains("No Pending requests"), "{empty}");
         assert!(empty.contains("no limit"), "{empty}");
+    }
+
+    #[test]
+    fn a_blackout_holds_every_request_at_the_time_asked_and_names_its_reason() {
+        let yaml = r#"
+kind: Node
+metadata: {name: node-0}
+status: {conditions: [{type: Ready, status: "True"}]}
+---
+kind: NodeMaintenance
+metadata: {name: r0, namespace: team, creationTimestamp: "2026-11-01T00:00:00Z"}
+spec: {nodeName: node-0, requestorID: fw}
+---
+kind: MaintenanceOperatorConfig
+metadata: {name: default, namespace: maintenance-operator}
+spec:
+  maintenanceWindows: [{notBefore: "2026-11-20T00:00:00Z", notAfter: "2026-12-20T00:00:00Z"}]
+  blackouts: [{start: "2026-11-26T00:00:00Z", end: "2026-11-30T00:00:00Z", reason: Black Friday}]
+"#;
+        let at = |t: &str| {
+            plan_from_yaml(yaml, "maintenance-operator", t.parse().expect("a time"))
+                .expect("valid input")
+        };
+        let held = at("2026-11-27T12:00:00Z");
+        let waiting = &held.decision.waiting[0];
+        assert_eq!(waiting.cause, WaitCause::Blackout);
+        assert!(
+            waiting.reason.contains("\"Black Friday\""),
+            "{}",
+            waiting.reason
+        );
+        let table = render_table(&held);
+        assert!(
+            table.contains(
+                "Blackout:                \"Black Friday\" (blackouts[0]) until 2026-11-30T00:00:00Z"
+            ),
+            "{table}"
+        );
+        let json = serde_json::to_value(&held.decision).expect("JSON");
+        assert_eq!(json["waiting"][0]["cause"], "blackout");
+        assert_eq!(json["blackout"]["until"], "2026-11-30T00:00:00Z");
+        // Before the absolute window, and after the blackout inside it.
+        assert_eq!(
+            at("2026-11-10T00:00:00Z").decision.waiting[0].cause,
+            WaitCause::MaintenanceWindows
+        );
+        assert_eq!(at("2026-12-01T00:00:00Z").decision.scheduled.len(), 1);
+        assert_eq!(
+            at("2026-12-21T00:00:00Z").decision.waiting[0].cause,
+            WaitCause::MaintenanceWindows
+        );
     }
 }

@@ -25,12 +25,14 @@ use kube::core::admission::{
 use kube::core::{DynamicObject, Status};
 use maintenance_actors::metrics::Metrics;
 use maintenance_core::validation::{self, NodePresence, Outcome, Review, Verdict};
-use maintenance_crds::NodeMaintenance;
+use maintenance_crds::{MaintenanceOperatorConfigSpec, NodeMaintenance};
 
 use crate::serve::{Certificate, Limits, Server};
 
 /// The path NVIDIA's operator serves the same webhook on, so that existing registrations work.
 pub const PATH: &str = "/validate-maintenance-nvidia-com-v1alpha1-nodemaintenance";
+/// The path of the MaintenanceOperatorConfig review (ours: NVIDIA's operator has none).
+pub const CONFIG_PATH: &str = "/validate-maintenance-nvidia-com-v1alpha1-maintenanceoperatorconfig";
 /// Bound on the node lookup, well inside the API server's webhook timeout (10 s by default), so
 /// that a slow lookup ends in our clear error rather than the API server's timeout.
 const NODE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -95,8 +97,12 @@ impl Webhook {
             .process
             .connections_refused_total
             .with_label_values(&[Server::Webhook.as_str()]);
-        let app = Router::new().route(PATH, post(validate)).with_state(state);
-        tracing::info!(%addr, path = PATH, "serving the NodeMaintenance admission webhook");
+        // One handler: a review names its kind, so either path answers either kind.
+        let app = Router::new()
+            .route(PATH, post(validate))
+            .route(CONFIG_PATH, post(validate))
+            .with_state(state);
+        tracing::info!(%addr, path = PATH, config_path = CONFIG_PATH, "serving the admission webhooks");
         let limits = Limits {
             max_connections,
             max_body_bytes: MAX_BODY_BYTES,
@@ -214,14 +220,21 @@ async fn answer(
         Operation::Update => validation::Operation::Update,
         Operation::Delete | Operation::Connect => validation::Operation::Other,
     };
-    if operation == validation::Operation::Other || request.kind.kind != "NodeMaintenance" {
+    let kind = request.kind.kind.as_str();
+    if operation == validation::Operation::Other
+        || !matches!(kind, "NodeMaintenance" | "MaintenanceOperatorConfig")
+    {
         tracing::warn!(
             kind = %request.kind.kind,
             operation = ?request.operation,
-            "admission review of something else than a NodeMaintenance CREATE or UPDATE; \
-             allowed unchecked (register the webhook for nodemaintenances CREATE and UPDATE only)"
+            "admission review of something else than a NodeMaintenance or \
+             MaintenanceOperatorConfig CREATE or UPDATE; allowed unchecked (register the \
+             webhooks for CREATE and UPDATE of these only)"
         );
         return (operation, Answer::Unchecked);
+    }
+    if kind == "MaintenanceOperatorConfig" {
+        return (operation, answer_config(request));
     }
     let object = match decode(request, request.object.as_ref()) {
         Ok(Some(object)) => object,
@@ -262,6 +275,50 @@ async fn answer(
         tracing::info!(uid = %request.uid, %reason, %message, "refused a NodeMaintenance");
     }
     (operation, Answer::Verdict(verdict))
+}
+
+/// The review of a MaintenanceOperatorConfig: no lookup, the spec alone decides.
+fn answer_config(request: &AdmissionRequest<DynamicObject>) -> Answer {
+    let spec_of =
+        |object: Option<&DynamicObject>| -> Result<Option<MaintenanceOperatorConfigSpec>, String> {
+            let Some(object) = object else {
+                return Ok(None);
+            };
+            let spec = object.data.get("spec").cloned().unwrap_or_default();
+            // An absent spec is an empty one (every field optional).
+            let spec = if spec.is_null() {
+                serde_json::json!({})
+            } else {
+                spec
+            };
+            serde_json::from_value(spec).map(Some).map_err(|err| {
+                format!(
+                    "MaintenanceOperatorConfig {}/{} in AdmissionReview {} cannot be read: {err}",
+                    request.namespace.as_deref().unwrap_or_default(),
+                    request.name,
+                    request.uid
+                )
+            })
+        };
+    let spec = match spec_of(request.object.as_ref()) {
+        Ok(Some(spec)) => spec,
+        Ok(None) => {
+            return Answer::Failed(
+                StatusCode::BAD_REQUEST,
+                format!("the AdmissionReview {} carries no object", request.uid),
+            );
+        }
+        Err(err) => return Answer::Failed(StatusCode::BAD_REQUEST, err),
+    };
+    let old = match spec_of(request.old_object.as_ref()) {
+        Ok(old) => old,
+        Err(err) => return Answer::Failed(StatusCode::BAD_REQUEST, err),
+    };
+    let verdict = validation::review_config(&request.name, &spec, old.as_ref());
+    if let Verdict::Denied { reason, message } = &verdict {
+        tracing::info!(uid = %request.uid, %reason, %message, "refused a MaintenanceOperatorConfig");
+    }
+    Answer::Verdict(verdict)
 }
 
 /// The NodeMaintenance of a review, with its namespace and name from the request when the
@@ -483,6 +540,53 @@ mod tests {
         assert_eq!(answer["response"]["uid"], "u1");
         assert_eq!(answer["response"]["allowed"], true);
         assert_eq!(counted(&reviewer, "other", "allowed"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_config_review_refuses_what_the_scheduler_cannot_use() {
+        let review = |spec: serde_json::Value| {
+            json!({
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "c1",
+                    "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "MaintenanceOperatorConfig"},
+                    "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "maintenanceoperatorconfigs"},
+                    "name": "default",
+                    "namespace": "maintenance-operator",
+                    "operation": "CREATE",
+                    "userInfo": {},
+                    "object": {
+                        "apiVersion": "maintenance.nvidia.com/v1alpha1",
+                        "kind": "MaintenanceOperatorConfig",
+                        "metadata": {"name": "default", "namespace": "maintenance-operator"},
+                        "spec": spec,
+                    },
+                }
+            })
+            .to_string()
+        };
+        let never = json!({"maintenanceWindows": [{"schedule": "0 0 31 2 *", "duration": "1h"}]});
+        let (status, text, reviewer) = call(review(never).as_bytes()).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let answer: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(answer["response"]["allowed"], false);
+        assert_eq!(answer["response"]["status"]["code"], 422);
+        let message = answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            message.contains("maintenanceWindows[0].schedule \"0 0 31 2 *\" never fires"),
+            "{message}"
+        );
+        assert_eq!(counted(&reviewer, "create", "denied"), 1);
+
+        let fine = json!({"maxParallelOperations": "10%"});
+        let (status, text, reviewer) = call(review(fine).as_bytes()).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let answer: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(answer["response"]["allowed"], true);
+        assert_eq!(counted(&reviewer, "create", "allowed"), 1);
     }
 
     #[tokio::test]

@@ -141,6 +141,18 @@ impl Context {
         self.publish(reference, warning, reason, reason, note, None);
     }
 
+    /// Queues an Event on any object, with an action of its own (see [`Context::event_with_action`]).
+    pub fn event_on_with_action(
+        &self,
+        reference: ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        self.publish(reference, warning, reason, action, note, None);
+    }
+
     /// The Warning Events of a pod deleted past `drainSpec.forceDeleteAfterSeconds`: one on the
     /// request (its `related` object is the pod, which also keeps the Events of several pods
     /// apart: the recorder folds Events by reason, action and related object), and one on the

@@ -159,6 +159,8 @@ pub struct SchedulerMetrics {
     pub budget_can_become_unavailable: prometheus::IntGaugeVec,
     /// Pending requests by what holds them back at the last round (every cause exported).
     pub requests_waiting: prometheus::IntGaugeVec,
+    /// 1 while the config has a value the scheduler cannot use (nothing is admitted).
+    pub config_invalid: IntGauge,
 }
 
 impl SchedulerMetrics {
@@ -171,6 +173,7 @@ impl SchedulerMetrics {
             Box::new(self.budget_available_slots.clone()),
             Box::new(self.budget_can_become_unavailable.clone()),
             Box::new(self.requests_waiting.clone()),
+            Box::new(self.config_invalid.clone()),
         ]
     }
 
@@ -214,6 +217,10 @@ impl SchedulerMetrics {
                 ),
                 &["cause"],
             )?,
+            config_invalid: IntGauge::with_opts(opts(
+                "config_invalid",
+                "1 while the MaintenanceOperatorConfig has a value the operator cannot use and nothing is admitted, at the last round",
+            ))?,
         })
     }
 }
@@ -661,14 +668,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 30, "{names:?}");
+        assert_eq!(names.len(), 31, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 30, "{names:?}");
+        assert_eq!(names.len(), 31, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

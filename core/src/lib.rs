@@ -6,9 +6,11 @@
 
 pub mod access;
 pub mod actor_runs;
+pub mod blackouts;
 pub mod budgets;
 pub mod capacity;
 pub mod conditions;
+pub mod config_health;
 pub mod cordon_mark;
 pub mod deadline;
 pub mod drain_plan;

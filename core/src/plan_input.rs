@@ -317,9 +317,8 @@ impl<'a> Input<'a> {
                 report.notes = notes;
                 Ok(report)
             }
-            // Only a config can hold a bad limit: point at its document rather than the cluster.
-            // Only a config can hold a bad limit, window or budget: point at its document rather
-            // than the cluster.
+            // Only a config can hold a bad limit, window, budget or blackout: point at its
+            // document rather than the cluster.
             Err(error) if self.config.is_some() => {
                 let at = self.config.map(|(at, _)| at).unwrap_or(DocumentRef {
                     document: 0,
@@ -336,6 +335,9 @@ impl<'a> Input<'a> {
                     }
                     ScheduleError::InvalidBudget(problem) => {
                         at.invalid(format!("invalid spec.budgets: {problem}"))
+                    }
+                    ScheduleError::InvalidBlackout(problem) => {
+                        at.invalid(format!("invalid spec.{problem}"))
                     }
                 })
             }

@@ -14,10 +14,11 @@ use std::time::Duration;
 use maintenance_crds::{DEFAULT_CONFIG_NAME, IntOrPercentError, Rounding, resolve_int_or_percent};
 use serde::Serialize;
 
+use crate::blackouts::{ActiveBlackout, BlackoutError, Blackouts};
 use crate::budgets::{BudgetError, BudgetStatus, Budgets, WindowStatus, outside_windows};
 use crate::capacity::{CapacityCheck, CapacityPool, CapacityStatus};
 use crate::drainability::PreferDrainable;
-use crate::windows::{WindowError, WindowState, Windows};
+use crate::windows::{Window, WindowError, WindowState, Windows};
 
 pub mod model;
 
@@ -58,6 +59,9 @@ pub struct Decision {
     /// The cluster-wide windows at this round; absent when none are set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub maintenance_windows: Option<WindowStatus>,
+    /// The blackout that holds every admission at this round; absent when none does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blackout: Option<ActiveBlackout>,
     /// Each budget before this round admitted anything; absent when none are set.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<BudgetStatus>,
@@ -65,7 +69,8 @@ pub struct Decision {
     /// when the check is off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityStatus>,
-    /// The earliest opening of a closed window (cluster-wide or a budget's): a round is due then.
+    /// The earliest opening of a closed window (cluster-wide or a budget's) or end of a
+    /// blackout: a round is due then.
     #[serde(skip)]
     pub next_window_opening: Option<jiff::Timestamp>,
     /// The earliest retry of a request that waits for [`WaitCause::AdmissionRetry`]: a round is
@@ -88,6 +93,95 @@ pub enum ScheduleError {
         "MaintenanceOperatorConfig {DEFAULT_CONFIG_NAME:?} (in the operator's namespace) has an invalid {0}; fix it with `kubectl edit maintenanceoperatorconfig {DEFAULT_CONFIG_NAME}` in that namespace"
     )]
     InvalidBudget(BudgetError),
+    #[error(
+        "MaintenanceOperatorConfig {DEFAULT_CONFIG_NAME:?} (in the operator's namespace) has an invalid blackout: {0}; fix it with `kubectl edit maintenanceoperatorconfig {DEFAULT_CONFIG_NAME}` in that namespace"
+    )]
+    InvalidBlackout(BlackoutError),
+}
+
+impl ScheduleError {
+    /// The problem alone, naming the field, without the advice on where to fix it: for a
+    /// webhook's refusal, which names the object already.
+    pub fn problem(&self) -> String {
+        match self {
+            ScheduleError::InvalidLimit(err) => err.to_string(),
+            ScheduleError::InvalidWindow(err) => err.to_string(),
+            ScheduleError::InvalidBudget(err) => err.to_string(),
+            ScheduleError::InvalidBlackout(err) => err.to_string(),
+        }
+    }
+
+    /// The field at fault, as a path in the config's spec.
+    pub fn field(&self) -> String {
+        match self {
+            ScheduleError::InvalidLimit(IntOrPercentError::Malformed { field, .. }) => {
+                (*field).to_string()
+            }
+            ScheduleError::InvalidWindow(err) => {
+                format!("maintenanceWindows[{}].{}", err.index, err.field)
+            }
+            ScheduleError::InvalidBudget(err) => format!("budgets[name={}]", err.budget),
+            ScheduleError::InvalidBlackout(err) => format!("blackouts[{}]", err.index),
+        }
+    }
+}
+
+/// Every value of the config that the scheduler cannot use, each naming its field: what the
+/// webhook refuses when the config is written, and what would stop every round. A round stops at
+/// the first; a person fixing the config wants them all.
+pub fn config_problems(limits: &Limits) -> Vec<ScheduleError> {
+    // Any node count shows a malformed value; 100 nodes is arbitrary.
+    const ANY_NODE_COUNT: u32 = 100;
+    let mut problems = Vec::new();
+    let resolved = [
+        (
+            MAX_PARALLEL_OPERATIONS_FIELD,
+            Some(&limits.max_parallel_operations),
+            Rounding::Up,
+        ),
+        (
+            MAX_UNAVAILABLE_FIELD,
+            limits.max_unavailable.as_ref(),
+            Rounding::Down,
+        ),
+    ];
+    for (field, value, rounding) in resolved {
+        if let Some(Err(err)) =
+            value.map(|value| resolve_int_or_percent(field, value, ANY_NODE_COUNT, rounding))
+        {
+            problems.push(ScheduleError::InvalidLimit(err));
+        }
+    }
+    for (index, window) in limits.maintenance_windows.iter().enumerate() {
+        if let Err(err) = Window::parse(index, window) {
+            problems.push(ScheduleError::InvalidWindow(err));
+        }
+    }
+    let mut names = HashSet::new();
+    for budget in &limits.budgets {
+        let alone = Budgets::new(
+            std::slice::from_ref(budget),
+            &[],
+            |_| false,
+            |_| false,
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        if let Err(err) = alone {
+            problems.push(ScheduleError::InvalidBudget(err));
+        } else if !names.insert(budget.name.as_str()) {
+            problems.push(ScheduleError::InvalidBudget(BudgetError {
+                budget: budget.name.clone(),
+                problem: "the name is used by two budgets; give each a name of its own".into(),
+            }));
+        }
+    }
+    for (index, blackout) in limits.blackouts.iter().enumerate() {
+        if let Err(mut err) = Blackouts::parse(std::slice::from_ref(blackout)) {
+            err.index = index;
+            problems.push(ScheduleError::InvalidBlackout(err));
+        }
+    }
+    problems
 }
 
 /// Runs one scheduling round (docs/architecture.md, Scheduling algorithm); windows are read at `now`.
@@ -223,11 +317,13 @@ pub fn schedule_observed(
         scheduled: round.scheduled,
         waiting,
         maintenance_windows: WindowStatus::of(&round.windows),
+        blackout: round.blackout.clone(),
         budgets: round.budget_status,
         capacity: round.capacity_status,
         next_window_opening: cluster_opening
             .into_iter()
             .chain(round.budgets.next_window_opening())
+            .chain(round.blackout.as_ref().map(|b| b.until))
             .min(),
         next_admission_retry,
     })
@@ -243,6 +339,7 @@ struct Round<'s> {
     in_maintenance: BTreeMap<&'s str, &'s RequestState>,
     unavailable_nodes: BTreeSet<&'s str>,
     windows: WindowState,
+    blackout: Option<ActiveBlackout>,
     budgets: Budgets<'s>,
     budget_status: Vec<BudgetStatus>,
     capacity_pool: Option<CapacityPool>,
@@ -297,6 +394,9 @@ impl<'s> Round<'s> {
         let windows = Windows::parse(&limits.maintenance_windows)
             .map_err(ScheduleError::InvalidWindow)?
             .state(now);
+        let blackout = Blackouts::parse(&limits.blackouts)
+            .map_err(ScheduleError::InvalidBlackout)?
+            .active(now);
         let budgets = Budgets::new(
             &limits.budgets,
             &snapshot.nodes,
@@ -347,6 +447,7 @@ impl<'s> Round<'s> {
             in_maintenance,
             unavailable_nodes,
             windows,
+            blackout,
             budgets,
             budget_status,
             capacity_pool,
@@ -387,6 +488,8 @@ impl<'s> Round<'s> {
                 // denies the write), and the slot goes to the next request meanwhile rather
                 // than to the same doomed write again (rule 6's skip).
                 cluster_wide(WaitCause::AdmissionRetry, retry.describe())
+            } else if let Some(blackout) = &self.blackout {
+                cluster_wide(WaitCause::Blackout, blackout.describe())
             } else if let WindowState::Closed { next_opening } = &self.windows {
                 cluster_wide(
                     WaitCause::MaintenanceWindows,
@@ -1485,6 +1588,7 @@ mod tests {
                 },
             ],
             maintenance_windows: None,
+            blackout: None,
             budgets: Vec::new(),
             capacity: None,
             next_window_opening: Some(at(60)),

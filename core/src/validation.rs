@@ -14,11 +14,15 @@
 
 use std::fmt;
 
-use maintenance_crds::{DrainSpec, NodeMaintenance, WaitForPodCompletionSpec};
+use maintenance_crds::{
+    DEFAULT_CONFIG_NAME, DrainSpec, MaintenanceOperatorConfigSpec, NodeMaintenance,
+    WaitForPodCompletionSpec,
+};
 use regex::Regex;
 
 use crate::drain_plan::DrainPlanError;
 use crate::label_selector::ParsedSelector;
+use crate::scheduler::{Limits, config_problems};
 
 /// The request under review, with what the caller observed for it.
 #[derive(Clone, Copy, Debug)]
@@ -359,6 +363,55 @@ fn is_dns_subdomain(name: &str) -> bool {
         })
 }
 
+/// What the webhook answers for a MaintenanceOperatorConfig: refused when the scheduler could
+/// not use one of its values (every such value named), as the operator would otherwise stop
+/// admitting and say so only once it runs a round. The schema already refuses what it can (types,
+/// patterns, ranges); this is what only the operator can judge: a cron schedule that is no
+/// crontab or never fires, a time zone it does not know, a budget selector it cannot read. On
+/// UPDATE, a problem the stored config already had is a warning, as for a NodeMaintenance.
+pub fn review_config(
+    name: &str,
+    spec: &MaintenanceOperatorConfigSpec,
+    old: Option<&MaintenanceOperatorConfigSpec>,
+) -> Verdict {
+    let problems_of = |spec| -> Vec<String> {
+        config_problems(&Limits::from_config(Some(spec)))
+            .iter()
+            .map(|p| p.problem())
+            .collect()
+    };
+    let old_problems = old.map(problems_of).unwrap_or_default();
+    let (kept, new): (Vec<String>, Vec<String>) = problems_of(spec)
+        .into_iter()
+        .partition(|problem| old_problems.contains(problem));
+    let mut warnings: Vec<String> = kept
+        .into_iter()
+        .map(|problem| {
+            format!(
+                "MaintenanceOperatorConfig {name:?}: {problem} (as before this change; nothing is \
+                 admitted until it is fixed)"
+            )
+        })
+        .collect();
+    if name != DEFAULT_CONFIG_NAME {
+        warnings.push(format!(
+            "MaintenanceOperatorConfig {name:?} is not read: the operator reads only the one named \
+             {DEFAULT_CONFIG_NAME:?} in its own namespace"
+        ));
+    }
+    if new.is_empty() {
+        return Verdict::Allowed { warnings };
+    }
+    Verdict::Denied {
+        reason: DenyReason::InvalidSpec,
+        message: format!(
+            "MaintenanceOperatorConfig {name:?} cannot be used: {}; fix {} and apply it again",
+            new.join("; "),
+            if new.len() == 1 { "it" } else { "them" }
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,5 +706,76 @@ mod tests {
         assert_eq!(Review::Update { old: None }.operation(), Operation::Update);
         assert_eq!(DenyReason::NodeNotFound.to_string(), "NodeNotFound");
         assert_eq!(DenyReason::InvalidSpec.to_string(), "InvalidSpec");
+    }
+
+    fn config(windows: serde_json::Value) -> MaintenanceOperatorConfigSpec {
+        serde_json::from_value(serde_json::json!({ "maintenanceWindows": windows }))
+            .expect("a config spec")
+    }
+
+    #[test]
+    fn a_config_the_scheduler_cannot_use_is_refused_with_every_field_named() {
+        let broken: MaintenanceOperatorConfigSpec = serde_json::from_value(serde_json::json!({
+            "maxParallelOperations": "lots",
+            "maintenanceWindows": [
+                {"schedule": "0 1 * * *", "duration": "1h"},
+                {"schedule": "0 0 31 2 *", "duration": "1h"},
+                {"schedule": "0 1 * * *", "duration": "1h", "timeZone": "Mars/Olympus_Mons"},
+            ],
+            "budgets": [{"name": "pool", "nodeSelector": {"matchExpressions": [
+                {"key": "pool", "operator": "In"}]}}],
+            "blackouts": [{"start": "2026-12-02T00:00:00Z", "end": "2026-12-01T00:00:00Z",
+                           "reason": "freeze"}],
+        }))
+        .expect("a config spec");
+        let Verdict::Denied { reason, message } = review_config("default", &broken, None) else {
+            panic!("refused");
+        };
+        assert_eq!(reason, DenyReason::InvalidSpec);
+        for field in [
+            "maxParallelOperations: \"lots\"",
+            "maintenanceWindows[1].schedule \"0 0 31 2 *\" never fires",
+            "maintenanceWindows[2].timeZone \"Mars/Olympus_Mons\"",
+            "budget \"pool\": nodeSelector",
+            "blackouts[0] ends",
+        ] {
+            assert!(message.contains(field), "{field} in {message}");
+        }
+        assert!(!message.contains("maintenanceWindows[0]"), "{message}");
+        assert!(
+            message.ends_with("fix them and apply it again"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_usable_config_is_allowed_and_one_not_read_gets_a_warning() {
+        let nightly = config(serde_json::json!([{"schedule": "0 1 * * *", "duration": "1h"}]));
+        assert_eq!(
+            review_config("default", &nightly, None),
+            Verdict::Allowed { warnings: vec![] }
+        );
+        let Verdict::Allowed { warnings } = review_config("staging", &nightly, None) else {
+            panic!("allowed");
+        };
+        assert!(warnings[0].contains("is not read"), "{warnings:?}");
+    }
+
+    #[test]
+    fn an_update_keeping_an_old_problem_is_warned_and_a_new_one_refused() {
+        let old = config(serde_json::json!([{"schedule": "0 0 31 2 *", "duration": "1h"}]));
+        let Verdict::Allowed { warnings } = review_config("default", &old, Some(&old)) else {
+            panic!("allowed: the problem was there before");
+        };
+        assert!(warnings[0].contains("never fires"), "{warnings:?}");
+        let worse = config(serde_json::json!([
+            {"schedule": "0 0 31 2 *", "duration": "1h"},
+            {"schedule": "0 1 * * *", "duration": "1h", "timeZone": "Nowhere/At_All"},
+        ]));
+        let Verdict::Denied { message, .. } = review_config("default", &worse, Some(&old)) else {
+            panic!("refused: a new problem");
+        };
+        assert!(message.contains("Nowhere/At_All"), "{message}");
+        assert!(!message.contains("never fires"), "{message}");
     }
 }

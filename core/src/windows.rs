@@ -35,10 +35,22 @@ pub struct WindowError {
 /// One window, parsed.
 #[derive(Debug, Clone)]
 pub struct Window {
+    /// The recurring part; `None` for an absolute window (open between its bounds).
+    recurring: Option<Recurring>,
+    not_before: Option<Timestamp>,
+    not_after: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone)]
+struct Recurring {
     schedule: Cron,
     duration: SignedDuration,
     time_zone: TimeZone,
 }
+
+/// A schedule fires at least once in this many years or never: crontab has no year field, so
+/// any date it names recurs within 28 years (the Gregorian calendar's weekday cycle).
+const NEVER_FIRES_SEARCH_START: &str = "2000-01-01T00:00:00Z";
 
 impl Window {
     /// Parses the window at `index` of a `maintenanceWindows` list.
@@ -49,31 +61,128 @@ impl Window {
             value: value.to_string(),
             problem,
         };
+        let not_before = spec.not_before.as_ref().map(|t| t.0);
+        let not_after = spec.not_after.as_ref().map(|t| t.0);
+        if let (Some(from), Some(until)) = (not_before, not_after)
+            && until <= from
+        {
+            return Err(error(
+                "notAfter",
+                &until.to_string(),
+                format!("must be after notBefore ({from})"),
+            ));
+        }
+        let recurring = match (&spec.schedule, &spec.duration) {
+            (Some(schedule), Some(duration)) => Some(Recurring::parse(
+                schedule,
+                duration,
+                spec.time_zone(),
+                &error,
+            )?),
+            (None, None) if not_before.is_some() && not_after.is_some() => None,
+            (Some(_), None) => {
+                return Err(error(
+                    "duration",
+                    "",
+                    "is missing: a window with a schedule stays open for a duration, like \"2h\""
+                        .to_string(),
+                ));
+            }
+            (None, Some(duration)) => {
+                return Err(error(
+                    "schedule",
+                    "",
+                    format!(
+                        "is missing: a duration ({duration:?}) counts from each time a schedule fires; \
+                         for a single period set notBefore and notAfter instead"
+                    ),
+                ));
+            }
+            (None, None) => {
+                return Err(error(
+                    "schedule",
+                    "",
+                    "is missing: set schedule and duration (a recurring window), or notBefore \
+                     and notAfter (an absolute window)"
+                        .to_string(),
+                ));
+            }
+        };
+        Ok(Window {
+            recurring,
+            not_before,
+            not_after,
+        })
+    }
+
+    fn within_bounds(&self, now: Timestamp) -> bool {
+        self.not_before.is_none_or(|from| from <= now) && self.not_after.is_none_or(|to| now < to)
+    }
+
+    /// Whether the window is open at `now`: within its bounds and, for a recurring window, some
+    /// opening `f` has `f <= now < f + duration`.
+    pub fn is_open(&self, now: Timestamp) -> bool {
+        self.within_bounds(now) && self.recurring.as_ref().is_none_or(|r| r.is_open(now))
+    }
+
+    /// The first opening after `now`, in the window's time zone (UTC for an absolute window);
+    /// `None` when it never opens again (past `notAfter`, or a schedule that no longer fires
+    /// before it).
+    pub fn next_opening(&self, now: Timestamp) -> Option<Zoned> {
+        let zone = self
+            .recurring
+            .as_ref()
+            .map_or(TimeZone::UTC, |r| r.time_zone.clone());
+        let opening = match (&self.recurring, self.not_before) {
+            // Before the bounds: open at notBefore if the recurring window is open then.
+            (None, Some(from)) if now < from => Some(from),
+            (None, _) => None,
+            (Some(recurring), Some(from)) if now < from => {
+                if recurring.is_open(from) {
+                    Some(from)
+                } else {
+                    recurring.next_opening(from)
+                }
+            }
+            (Some(recurring), _) => recurring.next_opening(now),
+        }?;
+        self.not_after
+            .is_none_or(|to| opening < to)
+            .then(|| opening.to_zoned(zone))
+    }
+}
+
+impl Recurring {
+    fn parse(
+        schedule_text: &str,
+        duration_text: &str,
+        zone_name: &str,
+        error: &impl Fn(&'static str, &str, String) -> WindowError,
+    ) -> Result<Recurring, WindowError> {
         // Five fields, as in a crontab: seconds and years would be a surprise to a person who
         // writes `0 1 * * *`.
         let schedule = CronParser::builder()
             .seconds(Seconds::Disallowed)
             .year(Year::Disallowed)
             .build()
-            .parse(&spec.schedule)
+            .parse(schedule_text)
             .map_err(|err| {
                 error(
                     "schedule",
-                    &spec.schedule,
+                    schedule_text,
                     format!(
                         "is not a 5-field crontab expression (minute hour day-of-month month day-of-week, e.g. \"0 1 * * *\"): {err}"
                     ),
                 )
             })?;
-        let duration = parse_duration(&spec.duration).ok_or_else(|| {
+        let duration = parse_duration(duration_text).ok_or_else(|| {
             error(
                 "duration",
-                &spec.duration,
+                duration_text,
                 "must be hours, minutes and seconds longer than zero, like \"2h\", \"90m\" or \"1h30m\""
                     .to_string(),
             )
         })?;
-        let zone_name = spec.time_zone();
         let time_zone = TIME_ZONES.get(zone_name).map_err(|_| {
             error(
                 "timeZone",
@@ -81,15 +190,28 @@ impl Window {
                 "is not an IANA time zone name (like \"Europe/Berlin\" or \"UTC\")".to_string(),
             )
         })?;
-        Ok(Window {
+        let recurring = Recurring {
             schedule,
             duration,
             time_zone,
-        })
+        };
+        // A date that does not exist (the 31st of February) parses but never comes: the window
+        // would hold every admission for good with nothing in the config looking wrong.
+        let search_start = NEVER_FIRES_SEARCH_START
+            .parse::<Timestamp>()
+            .unwrap_or(Timestamp::UNIX_EPOCH);
+        if recurring.next_opening(search_start).is_none() {
+            return Err(error(
+                "schedule",
+                schedule_text,
+                "never fires (no such date in any year): check the day of month against the month"
+                    .to_string(),
+            ));
+        }
+        Ok(recurring)
     }
 
-    /// Whether the window is open at `now`: some opening `f` has `f <= now < f + duration`.
-    pub fn is_open(&self, now: Timestamp) -> bool {
+    fn is_open(&self, now: Timestamp) -> bool {
         // The first opening after `now - duration` is the only candidate: any earlier one has
         // closed by `now`.
         let Ok(since) = now.checked_sub(self.duration) else {
@@ -100,12 +222,11 @@ impl Window {
             .is_ok_and(|opening| opening.timestamp() <= now)
     }
 
-    /// The first opening after `now`, in the window's time zone; `None` when the schedule never
-    /// fires again (e.g. the 31st of February).
-    pub fn next_opening(&self, now: Timestamp) -> Option<Zoned> {
+    fn next_opening(&self, now: Timestamp) -> Option<Timestamp> {
         self.schedule
             .find_next_occurrence(&now.to_zoned(self.time_zone.clone()), false)
             .ok()
+            .map(|opening| opening.timestamp())
     }
 }
 
@@ -187,12 +308,12 @@ pub fn describe_time(time: &Zoned) -> String {
 mod tests {
     use super::*;
     use crate::fixtures::time;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn window(schedule: &str, duration: &str, time_zone: Option<&str>) -> MaintenanceWindow {
         MaintenanceWindow {
-            schedule: schedule.to_string(),
-            duration: duration.to_string(),
             time_zone: time_zone.map(str::to_string),
+            ..MaintenanceWindow::recurring(schedule, duration)
         }
     }
 
@@ -335,12 +456,151 @@ mod tests {
     }
 
     #[test]
-    fn a_schedule_that_never_fires_is_closed_for_good() {
-        let never = Windows::parse(&[window("0 0 31 2 *", "1h", None)]).unwrap();
+    fn a_schedule_that_never_fires_is_an_error_that_says_so() {
+        for never in ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4,6,9,11 *"] {
+            let err = Windows::parse(&[window(never, "1h", None)])
+                .expect_err(never)
+                .to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "maintenanceWindows[0].schedule {never:?} never fires"
+                )),
+                "{err}"
+            );
+        }
+        // The 29th of February comes, if rarely.
+        let leap =
+            Windows::parse(&[window("0 0 29 2 *", "1h", None)]).expect("fires in leap years");
+        let WindowState::Closed {
+            next_opening: Some(next),
+        } = leap.state(time("2026-03-01T00:00:00Z"))
+        else {
+            panic!("closed until the next leap day");
+        };
+        assert_eq!(next.timestamp(), time("2028-02-29T00:00:00Z"));
+    }
+
+    fn bounded(
+        schedule: Option<(&str, &str)>,
+        not_before: Option<&str>,
+        not_after: Option<&str>,
+    ) -> MaintenanceWindow {
+        MaintenanceWindow {
+            schedule: schedule.map(|(s, _)| s.to_string()),
+            duration: schedule.map(|(_, d)| d.to_string()),
+            not_before: not_before.map(|t| Time(time(t))),
+            not_after: not_after.map(|t| Time(time(t))),
+            ..MaintenanceWindow::default()
+        }
+    }
+
+    #[test]
+    fn an_absolute_window_is_open_between_its_bounds_and_never_again() {
+        let once = Window::parse(
+            0,
+            &bounded(
+                None,
+                Some("2026-12-12T02:00:00Z"),
+                Some("2026-12-12T06:00:00Z"),
+            ),
+        )
+        .expect("valid");
+        let cases = [
+            ("2026-12-12T01:59:59Z", false, Some("2026-12-12T02:00:00Z")),
+            ("2026-12-12T02:00:00Z", true, None),
+            ("2026-12-12T05:59:59Z", true, None),
+            ("2026-12-12T06:00:00Z", false, None),
+            ("2027-01-01T00:00:00Z", false, None),
+        ];
+        for (now, open, next) in cases {
+            assert_eq!(once.is_open(time(now)), open, "open at {now}");
+            if !open {
+                assert_eq!(
+                    once.next_opening(time(now)).map(|z| z.timestamp()),
+                    next.map(time),
+                    "next opening at {now}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bounds_limit_a_recurring_window_to_their_period() {
+        // Nightly 01:00-03:00, only in the week of 2026-12-07.
+        let week = Window::parse(
+            0,
+            &bounded(
+                Some(("0 1 * * *", "2h")),
+                Some("2026-12-07T00:00:00Z"),
+                Some("2026-12-14T02:00:00Z"),
+            ),
+        )
+        .expect("valid");
+        let cases = [
+            // Before the bounds: the first night's opening.
+            ("2026-12-01T01:30:00Z", false, Some("2026-12-07T01:00:00Z")),
+            ("2026-12-07T01:30:00Z", true, None),
+            ("2026-12-10T12:00:00Z", false, Some("2026-12-11T01:00:00Z")),
+            // The last night is cut short by notAfter, and none follows.
+            ("2026-12-14T01:59:00Z", true, None),
+            ("2026-12-14T02:00:00Z", false, None),
+        ];
+        for (now, open, next) in cases {
+            assert_eq!(week.is_open(time(now)), open, "open at {now}");
+            if !open {
+                assert_eq!(
+                    week.next_opening(time(now)).map(|z| z.timestamp()),
+                    next.map(time),
+                    "next opening at {now}"
+                );
+            }
+        }
+        // notBefore inside a night's window: open from notBefore.
+        let mid_night = Window::parse(
+            0,
+            &bounded(
+                Some(("0 1 * * *", "2h")),
+                Some("2026-12-07T02:00:00Z"),
+                None,
+            ),
+        )
+        .expect("valid");
         assert_eq!(
-            never.state(time("2026-01-15T03:00:00Z")),
-            WindowState::Closed { next_opening: None }
+            mid_night
+                .next_opening(time("2026-12-07T00:00:00Z"))
+                .map(|z| z.timestamp()),
+            Some(time("2026-12-07T02:00:00Z"))
         );
+        assert!(mid_night.is_open(time("2026-12-07T02:30:00Z")));
+    }
+
+    #[test]
+    fn a_window_of_the_wrong_shape_names_the_field() {
+        let cases = [
+            (
+                bounded(None, Some("2026-12-12T02:00:00Z"), None),
+                "maintenanceWindows[1].schedule \"\" is missing",
+            ),
+            (
+                MaintenanceWindow {
+                    schedule: Some("0 1 * * *".into()),
+                    ..MaintenanceWindow::default()
+                },
+                "maintenanceWindows[1].duration \"\" is missing",
+            ),
+            (
+                bounded(
+                    None,
+                    Some("2026-12-12T02:00:00Z"),
+                    Some("2026-12-12T02:00:00Z"),
+                ),
+                "maintenanceWindows[1].notAfter \"2026-12-12T02:00:00Z\" must be after notBefore",
+            ),
+        ];
+        for (spec, expected) in cases {
+            let err = Window::parse(1, &spec).expect_err(expected).to_string();
+            assert!(err.starts_with(expected), "{err}");
+        }
     }
 
     #[test]

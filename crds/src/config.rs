@@ -1,4 +1,4 @@
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -75,6 +75,12 @@ pub struct MaintenanceOperatorConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub maintenance_windows: Option<Vec<MaintenanceWindow>>,
+
+    /// Our addition: periods in which nothing new is admitted (change freezes), whatever the
+    /// windows say. Unset or empty: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub blackouts: Option<Vec<Blackout>>,
 
     /// Our addition: how Pending requests are ordered for admission beyond the plain order.
     /// Unset: the plain order (oldest first).
@@ -207,31 +213,71 @@ pub struct Budget {
     pub maintenance_windows: Option<Vec<MaintenanceWindow>>,
 }
 
-/// A recurring window: it opens at each time `schedule` fires and stays open for `duration`.
+/// A window for new admissions: a recurring one (`schedule` and `duration`), optionally bounded by
+/// `notBefore` and `notAfter`, or an absolute one (`notBefore` and `notAfter` alone).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(WINDOW_SHAPE_RULE).message(WINDOW_SHAPE_MESSAGE))]
+#[x_kube(validation = Rule::new(WINDOW_BOUNDS_RULE).message(WINDOW_BOUNDS_MESSAGE))]
 pub struct MaintenanceWindow {
     /// When the window opens: a 5-field crontab expression (minute hour day-of-month month
     /// day-of-week, e.g. `0 1 * * 1-5` for 01:00 on weekdays) or `@daily`, `@weekly`, ...
+    /// Unset: an absolute window, open from `notBefore` to `notAfter`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 128), regex(pattern = CRON_PATTERN))]
-    pub schedule: String,
+    pub schedule: Option<String>,
 
     /// How long the window stays open after each opening: hours, minutes and seconds such as
-    /// `2h`, `90m` or `1h30m` (elapsed time, so a DST change does not stretch it).
+    /// `2h`, `90m` or `1h30m` (elapsed time, so a DST change does not stretch it). Set with
+    /// `schedule`, and only with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be longer than zero, like \"2h\", \"90m\" or \"1h30m\""))]
-    pub duration: String,
+    pub duration: Option<String>,
 
     /// The IANA time zone `schedule` is read in (e.g. `Europe/Berlin`). Default `UTC`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64), regex(pattern = TIME_ZONE_PATTERN), extend("default" = "UTC"))]
     pub time_zone: Option<String>,
+
+    /// The window is closed before this time (RFC 3339, e.g. `2026-12-12T02:00:00Z`): a
+    /// recurring window starts to apply then, an absolute one opens then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Time>,
+
+    /// The window is closed from this time on, for good (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<Time>,
 }
 
 impl MaintenanceWindow {
     pub fn time_zone(&self) -> &str {
         self.time_zone.as_deref().unwrap_or("UTC")
     }
+
+    /// A recurring window: opens at each time `schedule` fires, for `duration`.
+    pub fn recurring(schedule: &str, duration: &str) -> MaintenanceWindow {
+        MaintenanceWindow {
+            schedule: Some(schedule.to_string()),
+            duration: Some(duration.to_string()),
+            ..MaintenanceWindow::default()
+        }
+    }
+}
+
+/// A period in which nothing is admitted (a change freeze, a holiday, an event), whatever the
+/// windows and limits say. Work already admitted goes on.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.end > self.start").message("end must be after start"))]
+pub struct Blackout {
+    /// From this time (RFC 3339, e.g. `2026-11-27T00:00:00Z`)...
+    pub start: Time,
+    /// ...until this time, excluded.
+    pub end: Time,
+    /// Why, for people: shown in every Pending message it holds back and in `plan`.
+    #[schemars(length(min = 1, max = 256))]
+    pub reason: String,
 }
 
 /// A budget name: a DNS label, so that it reads well in messages and metric labels.
@@ -245,6 +291,13 @@ const CRON_PATTERN: &str =
 const DURATION_PATTERN: &str = "^([0-9]+h)?([0-9]+m)?([0-9]+s)?$";
 /// An IANA time zone name such as `Europe/Berlin`, `America/Argentina/Buenos_Aires` or `UTC`.
 const TIME_ZONE_PATTERN: &str = "^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$";
+/// A recurring window has both a schedule and a duration; an absolute one has neither, but both
+/// bounds.
+const WINDOW_SHAPE_RULE: &str = "has(self.schedule) == has(self.duration) && (has(self.schedule) || (has(self.notBefore) && has(self.notAfter)))";
+const WINDOW_SHAPE_MESSAGE: &str = "set schedule and duration (a recurring window), or notBefore and notAfter without them (an absolute window)";
+const WINDOW_BOUNDS_RULE: &str =
+    "!has(self.notBefore) || !has(self.notAfter) || self.notAfter > self.notBefore";
+const WINDOW_BOUNDS_MESSAGE: &str = "notAfter must be after notBefore";
 /// Group-count limits only make sense with groups.
 const GROUP_LIMITS_RULE: &str = "has(self.groupByLabel) || (!has(self.maxGroupsInMaintenance) && !has(self.maxUnavailableGroups))";
 const GROUP_LIMITS_MESSAGE: &str =
@@ -285,6 +338,9 @@ impl MaintenanceOperatorConfigSpec {
     }
     pub fn maintenance_windows(&self) -> &[MaintenanceWindow] {
         self.maintenance_windows.as_deref().unwrap_or_default()
+    }
+    pub fn blackouts(&self) -> &[Blackout] {
+        self.blackouts.as_deref().unwrap_or_default()
     }
 }
 

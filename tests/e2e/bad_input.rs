@@ -748,7 +748,40 @@ fn cases() -> Vec<Case> {
                 "x",
                 json!({"maintenanceWindows": [{"schedule": "@daily"}]}),
             )),
-            refused(&["spec.maintenanceWindows[0].duration", "Required value"]),
+            refused(&[
+                "spec.maintenanceWindows[0]",
+                "set schedule and duration (a recurring window), or notBefore and notAfter",
+            ]),
+        ),
+        case(
+            "cfg-window-bounds-reversed",
+            Config,
+            Json(config(
+                "x",
+                json!({"maintenanceWindows": [{"notBefore": "2026-12-12T06:00:00Z", "notAfter": "2026-12-12T02:00:00Z"}]}),
+            )),
+            refused(&[
+                "spec.maintenanceWindows[0]",
+                "notAfter must be after notBefore",
+            ]),
+        ),
+        case(
+            "cfg-blackout-reversed",
+            Config,
+            Json(config(
+                "x",
+                json!({"blackouts": [{"start": "2026-12-12T06:00:00Z", "end": "2026-12-12T02:00:00Z", "reason": "freeze"}]}),
+            )),
+            refused(&["spec.blackouts[0]", "end must be after start"]),
+        ),
+        case(
+            "cfg-blackout-no-reason",
+            Config,
+            Json(config(
+                "x",
+                json!({"blackouts": [{"start": "2026-12-12T02:00:00Z", "end": "2026-12-12T06:00:00Z"}]}),
+            )),
+            refused(&["spec.blackouts[0].reason", "Required value"]),
         ),
         case(
             "cfg-window-zone-space",

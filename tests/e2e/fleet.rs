@@ -195,9 +195,10 @@ async fn a_window_that_opens_during_the_test() -> Result<()> {
         MaintenanceOperatorConfigSpec {
             max_parallel_operations: Some(IntOrString::Int(10)),
             maintenance_windows: Some(vec![MaintenanceWindow {
-                schedule: format!("{} {} * * *", local.minute(), local.hour()),
-                duration: "10m".into(),
+                schedule: Some(format!("{} {} * * *", local.minute(), local.hour())),
+                duration: Some("10m".into()),
                 time_zone: Some("Europe/Berlin".into()),
+                ..MaintenanceWindow::default()
             }]),
             ..MaintenanceOperatorConfigSpec::default()
         },
@@ -280,9 +281,10 @@ fn with_budget(budget: Budget) -> MaintenanceOperatorConfigSpec {
 
 fn nightly_in_berlin() -> MaintenanceWindow {
     MaintenanceWindow {
-        schedule: "0 1 * * *".into(),
-        duration: "3h".into(),
+        schedule: Some("0 1 * * *".into()),
+        duration: Some("3h".into()),
         time_zone: Some("Europe/Berlin".into()),
+        ..MaintenanceWindow::default()
     }
 }
 
@@ -319,9 +321,10 @@ async fn the_api_server_validates_budgets_and_windows() -> Result<()> {
     let mut readme = one_zone_at_a_time();
     readme.budgets = Some([readme.budgets(), &[pools, gpu]].concat());
     readme.maintenance_windows = Some(vec![MaintenanceWindow {
-        schedule: "0 22 * * 1-5".into(),
-        duration: "8h".into(),
+        schedule: Some("0 22 * * 1-5".into()),
+        duration: Some("8h".into()),
         time_zone: None,
+        ..MaintenanceWindow::default()
     }]);
     api.create(&Default::default(), &config("readme", readme))
         .await
@@ -336,9 +339,10 @@ async fn the_api_server_validates_budgets_and_windows() -> Result<()> {
         with_budget(Budget {
             name: "w".into(),
             maintenance_windows: Some(vec![MaintenanceWindow {
-                schedule: schedule.into(),
-                duration: duration.into(),
+                schedule: Some(schedule.into()),
+                duration: Some(duration.into()),
                 time_zone: time_zone.map(Into::into),
+                ..MaintenanceWindow::default()
             }]),
             ..Budget::default()
         })

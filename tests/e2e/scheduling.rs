@@ -496,9 +496,10 @@ async fn a_config_error_replaces_every_waiting_reason_at_once() -> Result<()> {
 
     let mut broken = limits(1, None);
     broken.maintenance_windows = Some(vec![maintenance_crds::MaintenanceWindow {
-        schedule: "0 1 * * *".into(),
-        duration: "1h".into(),
+        schedule: Some("0 1 * * *".into()),
+        duration: Some("1h".into()),
         time_zone: Some("Mars/Olympus_Mons".into()),
+        ..maintenance_crds::MaintenanceWindow::default()
     }]);
     let edited = std::time::Instant::now();
     set_config(&c.client, broken).await?;
@@ -525,6 +526,26 @@ async fn a_config_error_replaces_every_waiting_reason_at_once() -> Result<()> {
         past == e.admitted,
         "nothing is admitted while the config is broken: {past:?}"
     );
+    // Where an administrator looks: the config's Events and the gauge.
+    let warning = wait_event(
+        &c.client,
+        OPERATOR_NAMESPACE,
+        "default",
+        "InvalidConfig",
+        Duration::from_secs(10),
+    )
+    .await?;
+    let note = warning.note.clone().unwrap_or_default();
+    ensure!(
+        warning.type_.as_deref() == Some("Warning")
+            && warning.action.as_deref() == Some("maintenanceWindows[0].timeZone")
+            && note.contains("Mars/Olympus_Mons"),
+        "the config's Warning names the field: {warning:?}"
+    );
+    ensure!(
+        e.op.metric("maintenance_operator_config_invalid").await? == 1.0,
+        "config_invalid is 1 while the config is broken"
+    );
 
     let fixed = std::time::Instant::now();
     set_config(&c.client, limits(1, None)).await?;
@@ -538,5 +559,105 @@ async fn a_config_error_replaces_every_waiting_reason_at_once() -> Result<()> {
         "real reason back {:.2} s after the fix",
         fixed.elapsed().as_secs_f64()
     );
+    wait_event(
+        &c.client,
+        OPERATOR_NAMESPACE,
+        "default",
+        "ConfigFixed",
+        Duration::from_secs(10),
+    )
+    .await?;
+    ensure!(
+        e.op.metric("maintenance_operator_config_invalid").await? == 0.0,
+        "config_invalid is 0 once the config is fixed"
+    );
     e.finish().await
+}
+
+/// A blackout holds every admission with its reason and releases them when it ends (a round runs
+/// then, not at the next tick); an absolute window admits from its `notBefore`. Without
+/// blackouts the first request would be admitted at once; without the wake-up at the end it
+/// would wait for the safety-net tick.
+#[tokio::test]
+async fn a_blackout_holds_admission_until_it_ends_and_an_absolute_window_opens_on_time()
+-> Result<()> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let now = jiff::Timestamp::now();
+    let at = |seconds: i64| Time(now + jiff::SignedDuration::from_secs(seconds));
+    // Long enough for the operator to start and write the Pending message first.
+    const BLACKOUT_SECONDS: i64 = 25;
+    let mut config = limits(2, None);
+    config.blackouts = Some(vec![maintenance_crds::Blackout {
+        start: at(-60),
+        end: at(BLACKOUT_SECONDS),
+        reason: "release freeze".into(),
+    }]);
+    let c = cluster(3, 0, config.clone()).await?;
+    let monitor = monitor(&c).await?;
+    let op = Operator::start_as(&c.testbed, OPERATOR_ACCOUNT, &[]).await?;
+    request_node(
+        &c.client,
+        &c.ns,
+        "frozen",
+        &c.nodes[0],
+        "blackout.example.com",
+    )
+    .await?;
+    wait_for("the request to name the blackout", WAIT, || async {
+        Ok(pending_messages(&c)
+            .await?
+            .iter()
+            .any(|m| m.contains("blackout \"release freeze\" (blackouts[0])"))
+            .then_some(()))
+    })
+    .await?;
+    ensure!(
+        op.metric("maintenance_operator_requests_waiting{cause=\"blackout\"}")
+            .await?
+            == 1.0,
+        "requests_waiting counts the blackout"
+    );
+    let ends = std::time::SystemTime::from(now + jiff::SignedDuration::from_secs(BLACKOUT_SECONDS));
+    wait_phase(&c.client, &c.ns, "frozen", Phase::Ready, WAIT * 2).await?;
+    let late = std::time::SystemTime::now()
+        .duration_since(ends)
+        .map_err(|_| anyhow::anyhow!("admitted before the blackout ended"))?;
+    eprintln!(
+        "admitted {:.2} s after the blackout ended",
+        late.as_secs_f64()
+    );
+
+    // An absolute window that opens in 10 s.
+    let opens_in = 10;
+    let opening = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(opens_in);
+    config.blackouts = None;
+    config.maintenance_windows = Some(vec![maintenance_crds::MaintenanceWindow {
+        not_before: Some(Time(opening)),
+        not_after: Some(Time(opening + jiff::SignedDuration::from_hours(1))),
+        ..maintenance_crds::MaintenanceWindow::default()
+    }]);
+    set_config(&c.client, config).await?;
+    request_node(
+        &c.client,
+        &c.ns,
+        "windowed",
+        &c.nodes[1],
+        "blackout.example.com",
+    )
+    .await?;
+    wait_for("the request to wait for the window", WAIT, || async {
+        Ok(pending_messages(&c)
+            .await?
+            .iter()
+            .any(|m| m.contains("outside the maintenance windows: the next opens at"))
+            .then_some(()))
+    })
+    .await?;
+    wait_phase(&c.client, &c.ns, "windowed", Phase::Ready, WAIT * 2).await?;
+    ensure!(
+        jiff::Timestamp::now() >= opening,
+        "admitted before the window opened"
+    );
+    monitor.finish().await?;
+    Ok(())
 }

@@ -1,7 +1,7 @@
-//! The NodeMaintenance admission webhook on a live control plane: the API server calls the
-//! operator over HTTPS (a CA and serving certificate made here), refuses a request for a node
-//! that does not exist and a spec the operator could not use, admits the rest, and keeps calling
-//! it across a certificate rotation.
+//! The admission webhooks on a live control plane: the API server calls the operator over HTTPS
+//! (a CA and serving certificate made here), refuses a request for a node that does not exist, a
+//! spec the operator could not use and a config the scheduler could not use, admits the rest, and
+//! keeps calling it across a certificate rotation.
 //!
 //! The webhook is served by a standby replica (not the leader), as every replica serves it. The
 //! registration is cluster-wide, so this test starts a control plane of its own.
@@ -19,7 +19,10 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use maintenance_crds::{DrainSpec, NodeMaintenance, NodeMaintenanceSpec, Phase};
+use maintenance_crds::{
+    DrainSpec, MaintenanceOperatorConfig, MaintenanceOperatorConfigSpec, MaintenanceWindow,
+    NodeMaintenance, NodeMaintenanceSpec, Phase,
+};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -29,6 +32,8 @@ use support::operator::*;
 use support::*;
 
 pub(crate) const WEBHOOK_PATH: &str = "/validate-maintenance-nvidia-com-v1alpha1-nodemaintenance";
+const CONFIG_WEBHOOK_PATH: &str =
+    "/validate-maintenance-nvidia-com-v1alpha1-maintenanceoperatorconfig";
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A certificate authority of the test's own.
@@ -90,22 +95,19 @@ impl CertFiles {
     }
 }
 
-/// The registration the chart makes, pointed at a URL instead of a Service.
+/// The registration the chart makes, pointed at a URL instead of a Service: `url` is the
+/// NodeMaintenance webhook's; the config's is on the same server.
 pub(crate) fn registration(name: &str, url: &str, ca_pem: &str) -> ValidatingWebhookConfiguration {
-    ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        webhooks: Some(vec![ValidatingWebhook {
-            name: "vnodemaintenance.kb.io".into(),
+    let hook =
+        |hook_name: &str, url: String, resource: &str, failure_policy: &str| ValidatingWebhook {
+            name: hook_name.into(),
             admission_review_versions: vec!["v1".into()],
             client_config: WebhookClientConfig {
-                url: Some(url.into()),
+                url: Some(url),
                 ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
                 service: None,
             },
-            failure_policy: Some("Fail".into()),
+            failure_policy: Some(failure_policy.into()),
             side_effects: "None".into(),
             timeout_seconds: Some(10),
             match_conditions: Some(vec![MatchCondition {
@@ -116,11 +118,30 @@ pub(crate) fn registration(name: &str, url: &str, ca_pem: &str) -> ValidatingWeb
                 api_groups: Some(vec!["maintenance.nvidia.com".into()]),
                 api_versions: Some(vec!["v1alpha1".into()]),
                 operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["nodemaintenances".into()]),
+                resources: Some(vec![resource.into()]),
                 scope: Some("Namespaced".into()),
             }]),
             ..ValidatingWebhook::default()
-        }]),
+        };
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![
+            hook(
+                "vnodemaintenance.kb.io",
+                url.into(),
+                "nodemaintenances",
+                "Fail",
+            ),
+            hook(
+                "vmaintenanceoperatorconfig.maintenance.nvidia.com",
+                url.replace(WEBHOOK_PATH, CONFIG_WEBHOOK_PATH),
+                "maintenanceoperatorconfigs",
+                "Ignore",
+            ),
+        ]),
     }
 }
 
@@ -382,6 +403,51 @@ async fn exercise(
         !node_unschedulable(client, node).await?,
         "{node} stayed cordoned after the release"
     );
+
+    // A config the scheduler could not use: refused, every field named, the stored one kept.
+    let configs = Api::<MaintenanceOperatorConfig>::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let before = configs.get("default").await?.spec;
+    let mut broken = before.clone();
+    broken.maintenance_windows = Some(vec![
+        MaintenanceWindow::recurring("0 0 31 2 *", "1h"),
+        MaintenanceWindow {
+            time_zone: Some("Mars/Olympus_Mons".into()),
+            ..MaintenanceWindow::recurring("0 1 * * *", "1h")
+        },
+    ]);
+    let apply = |spec: MaintenanceOperatorConfigSpec| {
+        let configs = configs.clone();
+        async move {
+            let config = MaintenanceOperatorConfig::new("default", spec);
+            configs
+                .patch(
+                    "default",
+                    &PatchParams::apply("webhook-test").force(),
+                    &Patch::Apply(&config),
+                )
+                .await
+        }
+    };
+    let (code, message) = refusal(apply(broken).await, "a config whose schedule never fires")?;
+    ensure!(code == 422, "code {code}: {message}");
+    for expected in [
+        "admission webhook \"vmaintenanceoperatorconfig.maintenance.nvidia.com\" denied the request",
+        "maintenanceWindows[0].schedule \"0 0 31 2 *\" never fires",
+        "maintenanceWindows[1].timeZone \"Mars/Olympus_Mons\"",
+    ] {
+        ensure!(message.contains(expected), "{expected:?} in {message}");
+    }
+    ensure!(
+        configs.get("default").await?.spec == before,
+        "the refused config was stored"
+    );
+    // A usable one passes.
+    let mut nightly = before.clone();
+    nightly.maintenance_windows = Some(vec![MaintenanceWindow::recurring("* * * * *", "1h")]);
+    apply(nightly)
+        .await
+        .context("a usable config was refused")?;
+    apply(before).await?;
 
     // The standby counted what it decided.
     for (operation, verdict) in [

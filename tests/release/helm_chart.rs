@@ -855,6 +855,8 @@ fn checked_in_manifests_are_up_to_date() -> Result<()> {
 // The admission webhook
 
 const WEBHOOK_PATH: &str = "/validate-maintenance-nvidia-com-v1alpha1-nodemaintenance";
+const CONFIG_WEBHOOK_PATH: &str =
+    "/validate-maintenance-nvidia-com-v1alpha1-maintenanceoperatorconfig";
 const WEBHOOK_MOUNT: &str = "/etc/maintenance-operator/webhook";
 
 fn operator_container(docs: &[Value]) -> Result<&Value> {
@@ -867,20 +869,59 @@ fn strings(v: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// The one webhook of the chart's registration.
-fn webhook_entry(docs: &[Value]) -> Result<&Value> {
+/// The webhooks of the chart's registration: NodeMaintenance's (NVIDIA's), then the config's.
+fn webhook_entries(docs: &[Value]) -> Result<(&Value, &Value)> {
     let config = find(docs, "ValidatingWebhookConfiguration", NAME)?;
     let hooks = config["webhooks"]
         .as_array()
         .context("a registration without webhooks")?;
-    ensure!(hooks.len() == 1, "{} webhooks registered", hooks.len());
-    Ok(&hooks[0])
+    ensure!(hooks.len() == 2, "{} webhooks registered", hooks.len());
+    Ok((&hooks[0], &hooks[1]))
+}
+
+/// The NodeMaintenance webhook of the chart's registration.
+fn webhook_entry(docs: &[Value]) -> Result<&Value> {
+    Ok(webhook_entries(docs)?.0)
+}
+
+/// The config's webhook: same Service, its own path, `Ignore` so that a config can be fixed
+/// while the operator is down, only CREATE and spec changes.
+fn check_config_webhook(docs: &[Value]) -> Result<()> {
+    let (nodes, hook) = webhook_entries(docs)?;
+    ensure!(
+        hook["name"] == "vmaintenanceoperatorconfig.maintenance.nvidia.com",
+        "{hook}"
+    );
+    ensure!(
+        hook["clientConfig"]["service"]
+            == json!({
+                "name": WEBHOOK_SERVICE, "namespace": NAMESPACE, "path": CONFIG_WEBHOOK_PATH, "port": 443,
+            }),
+        "{hook}"
+    );
+    ensure!(
+        hook["clientConfig"].get("caBundle") == nodes["clientConfig"].get("caBundle"),
+        "both webhooks trust the same CA: {hook}"
+    );
+    ensure!(hook["failurePolicy"] == "Ignore", "{hook}");
+    ensure!(hook["sideEffects"] == "None", "{hook}");
+    ensure!(
+        hook["rules"][0]["resources"] == json!(["maintenanceoperatorconfigs"])
+            && hook["rules"][0]["operations"] == json!(["CREATE", "UPDATE"]),
+        "{hook}"
+    );
+    ensure!(
+        hook["matchConditions"] == nodes["matchConditions"],
+        "metadata-only updates must not depend on the webhook: {hook}"
+    );
+    Ok(())
 }
 
 /// What both certificate sources share: NVIDIA's name and path, CREATE and UPDATE of
 /// nodemaintenances, a Service that reaches the pods' webhook port, and a Deployment that
 /// serves it from the mounted Secret.
 fn check_webhook_wiring(docs: &[Value]) -> Result<()> {
+    check_config_webhook(docs)?;
     let hook = webhook_entry(docs)?;
     ensure!(hook["name"] == "vnodemaintenance.kb.io", "{hook}");
     ensure!(

@@ -13,12 +13,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
 use maintenance_core::actor_runs::{ActorAction, RunEnd};
 use maintenance_core::capacity::CapacityCheck;
+use maintenance_core::config_health::ConfigHealth;
 use maintenance_core::cordon_mark::{self, OrphanSightings};
 use maintenance_core::drainability::{DrainBlocker, PreferDrainable};
 use maintenance_core::explain::Explanations;
@@ -122,6 +123,8 @@ pub struct SupervisorState {
     /// When each waiting request's reason was last written, and under which limits.
     explanations: Explanations<String>,
     wakes: Wakes,
+    /// The config problem last reported with an Event on the config.
+    config_health: ConfigHealth,
 }
 
 impl Actor for Supervisor {
@@ -189,6 +192,7 @@ impl Actor for Supervisor {
             log_level: None,
             explanations: Explanations::default(),
             wakes: Wakes::default(),
+            config_health: ConfigHealth::default(),
         })
     }
 
@@ -351,10 +355,10 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     // Observe.
     let requests = state.requests.state();
     let nodes = state.nodes.state();
-    let config = state
+    let config_object = state
         .configs
-        .get(&reflector::ObjectRef::new(DEFAULT_CONFIG_NAME).within(&ctx.namespace))
-        .map(|c| c.spec.clone());
+        .get(&reflector::ObjectRef::new(DEFAULT_CONFIG_NAME).within(&ctx.namespace));
+    let config = config_object.as_ref().map(|c| c.spec.clone());
     apply_config(state, config.as_ref());
     let cache = Cache::new(&requests, &nodes);
     // Settle.
@@ -377,11 +381,15 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     )
     .await;
     let reasons = match scheduler::schedule_observed(&snapshot, &limits, &prefer, &capacity, now) {
-        Ok(decision) => execute(myself, state, decision, &cache, &limits, &policy, now),
+        Ok(decision) => {
+            report_config(state, config_object.as_deref(), None);
+            execute(myself, state, decision, &cache, &limits, &policy, now)
+        }
         // Every waiting request says so, in place of a reason that no longer holds.
         Err(err) => {
             tracing::error!(%err, "cannot schedule: fix the MaintenanceOperatorConfig");
             ctx.error("schedule");
+            report_config(state, config_object.as_deref(), Some(&err));
             let waiting = scheduler::waiting_on_config_error(&snapshot, &err);
             ctx.metrics.set_waiting(waiting.iter().map(|w| w.cause));
             explain(myself, state, waiting, &cache, &limits, &policy)
@@ -416,6 +424,31 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .scheduler
         .scheduler_run_duration_seconds
         .observe(started.elapsed().as_secs_f64());
+}
+
+/// An Event on the config when a round finds a problem with it, or finds it fixed (once per
+/// change: `ConfigHealth`), and the `config_invalid` gauge.
+fn report_config(
+    state: &mut SupervisorState,
+    config: Option<&MaintenanceOperatorConfig>,
+    problem: Option<&scheduler::ScheduleError>,
+) {
+    let event = state.config_health.observe(problem);
+    state
+        .ctx
+        .metrics
+        .scheduler
+        .config_invalid
+        .set(i64::from(state.config_health.invalid()));
+    if let (Some(event), Some(config)) = (event, config) {
+        state.ctx.event_on_with_action(
+            config.object_ref(&()),
+            event.reason.is_warning(),
+            event.reason.as_str(),
+            &event.action,
+            event.note,
+        );
+    }
 }
 
 /// The config's log level, eviction rate and autoscaler protection, applied as the config says

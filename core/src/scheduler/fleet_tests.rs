@@ -61,9 +61,10 @@ fn match_labels(pairs: &[(&str, &str)]) -> Option<LabelSelector> {
 
 fn window(schedule: &str, duration: &str, time_zone: Option<&str>) -> MaintenanceWindow {
     MaintenanceWindow {
-        schedule: schedule.to_string(),
-        duration: duration.to_string(),
+        schedule: Some(schedule.to_string()),
+        duration: Some(duration.to_string()),
         time_zone: time_zone.map(str::to_string),
+        ..MaintenanceWindow::default()
     }
 }
 
@@ -884,6 +885,7 @@ mod properties {
                         .map(|(index, b)| b.spec(index))
                         .collect(),
                     maintenance_windows: window.specs(),
+                    blackouts: Vec::new(),
                 },
                 snapshot,
                 budgets,

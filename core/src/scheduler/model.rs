@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::{
-    Budget, MaintenanceOperatorConfigSpec, MaintenanceWindow, NodeMaintenance, Phase,
+    Blackout, Budget, MaintenanceOperatorConfigSpec, MaintenanceWindow, NodeMaintenance, Phase,
 };
 use serde::{Serialize, Serializer};
 
@@ -276,6 +276,8 @@ pub struct Limits {
     pub budgets: Vec<Budget>,
     /// Cluster-wide windows for new admissions; empty: always open.
     pub maintenance_windows: Vec<MaintenanceWindow>,
+    /// Periods in which nothing is admitted; empty: none.
+    pub blackouts: Vec<Blackout>,
 }
 
 impl Limits {
@@ -287,6 +289,7 @@ impl Limits {
                 max_unavailable: spec.max_unavailable.clone(),
                 budgets: spec.budgets().to_vec(),
                 maintenance_windows: spec.maintenance_windows().to_vec(),
+                blackouts: spec.blackouts().to_vec(),
             },
             None => Limits {
                 max_parallel_operations: MaintenanceOperatorConfigSpec::default()
@@ -330,6 +333,8 @@ pub enum WaitCause {
     NodeNotFound,
     /// No window is open (cluster-wide, or the budget's).
     MaintenanceWindows,
+    /// A blackout (`blackouts`) holds every admission; the reason names it and its end.
+    Blackout,
     MaxParallelOperations,
     MaxUnavailable,
     MaxGroupsInMaintenance,
@@ -352,12 +357,13 @@ pub enum WaitCause {
 }
 
 impl WaitCause {
-    pub const ALL: [WaitCause; 14] = [
+    pub const ALL: [WaitCause; 15] = [
         WaitCause::Deleting,
         WaitCause::NodeInMaintenance,
         WaitCause::NodeAdmittedThisRound,
         WaitCause::NodeNotFound,
         WaitCause::MaintenanceWindows,
+        WaitCause::Blackout,
         WaitCause::MaxParallelOperations,
         WaitCause::MaxUnavailable,
         WaitCause::MaxGroupsInMaintenance,
@@ -377,6 +383,7 @@ impl WaitCause {
             WaitCause::NodeAdmittedThisRound => "nodeAdmittedThisRound",
             WaitCause::NodeNotFound => "nodeNotFound",
             WaitCause::MaintenanceWindows => "maintenanceWindows",
+            WaitCause::Blackout => "blackout",
             WaitCause::MaxParallelOperations => "maxParallelOperations",
             WaitCause::MaxUnavailable => "maxUnavailable",
             WaitCause::MaxGroupsInMaintenance => "maxGroupsInMaintenance",
