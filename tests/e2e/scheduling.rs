@@ -582,7 +582,9 @@ async fn a_config_error_replaces_every_waiting_reason_at_once() -> Result<()> {
 async fn a_blackout_holds_admission_until_it_ends_and_an_absolute_window_opens_on_time()
 -> Result<()> {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    let now = jiff::Timestamp::now();
+    // Whole seconds: the API server keeps no fraction of a second of a time.
+    let whole_seconds = |t: jiff::Timestamp| jiff::Timestamp::from_second(t.as_second());
+    let now = whole_seconds(jiff::Timestamp::now())?;
     let at = |seconds: i64| Time(now + jiff::SignedDuration::from_secs(seconds));
     // Long enough for the operator to start and write the Pending message first.
     const BLACKOUT_SECONDS: i64 = 25;
@@ -629,7 +631,8 @@ async fn a_blackout_holds_admission_until_it_ends_and_an_absolute_window_opens_o
 
     // An absolute window that opens in 10 s.
     let opens_in = 10;
-    let opening = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(opens_in);
+    let opening =
+        whole_seconds(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(opens_in))?;
     config.blackouts = None;
     config.maintenance_windows = Some(vec![maintenance_crds::MaintenanceWindow {
         not_before: Some(Time(opening)),
