@@ -394,3 +394,57 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use maintenance_core::notifications::{DropReason, NotificationEvent, QUEUE_CAPACITY};
+    use maintenance_crds::{NodeMaintenance, NodeMaintenanceSpec, Notification};
+
+    use super::{Detail, Notifier};
+    use crate::metrics::Metrics;
+
+    fn receiver(name: &str, events: &[NotificationEvent]) -> Notification {
+        Notification {
+            name: name.into(),
+            // Port 9 of localhost: nobody listens, every attempt fails and is retried.
+            url: Some("http://127.0.0.1:9/".into()),
+            events: events.to_vec(),
+            secret_ref: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_without_waiting_and_receivers_follow_the_config() {
+        let metrics = Arc::new(Metrics::new().expect("metrics register"));
+        let notifier = Notifier::new(
+            crate::testing::offline_client(),
+            "ops".into(),
+            metrics.clone(),
+        );
+        notifier.configure(&[
+            receiver("down", &[NotificationEvent::Ready]),
+            receiver("quiet", &[NotificationEvent::Failed]),
+        ]);
+        let request = NodeMaintenance::new("nm", NodeMaintenanceSpec::default());
+        let extra = 20;
+        for _ in 0..QUEUE_CAPACITY + 1 + extra {
+            notifier.notify(NotificationEvent::Ready, &request, Detail::default());
+        }
+        let dropped = |name: &str| {
+            metrics
+                .notifications
+                .dropped_total
+                .with_label_values(&[name, DropReason::QueueFull.as_str()])
+                .get()
+        };
+        // The task holds at most one event (being retried) besides the full queue.
+        assert!(dropped("down") >= extra as u64, "{}", dropped("down"));
+        assert_eq!(dropped("quiet"), 0);
+        // Removed from the config: its series go.
+        notifier.configure(&[receiver("quiet", &[NotificationEvent::Failed])]);
+        assert!(!metrics.render().contains("receiver=\"down\""));
+        assert!(metrics.render().contains("receiver=\"quiet\""));
+    }
+}
