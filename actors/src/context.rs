@@ -14,10 +14,12 @@ use maintenance_crds::{NodeMaintenance, NodeMaintenanceStatus, Phase};
 use crate::events::EventQueue;
 use crate::evictor::Evictor;
 use crate::metrics::Metrics;
+use crate::notifier::{Detail, Notifier};
 use crate::pdb_watch::PdbWatches;
 use crate::watch_connections::WatchConnections;
 use maintenance_core::drain_plan::OperatorIdentity;
 use maintenance_core::lifecycle::{self, StatusWrite, Transition};
+use maintenance_core::notifications::{self, NotificationEvent};
 
 /// Applies a `logLevel` from the config (debug, info, error).
 pub type LogLevelSetter = Box<dyn Fn(&str) + Send + Sync>;
@@ -56,6 +58,8 @@ pub struct Context {
     /// The config's `admission.protectFromAutoscalers`, as the supervisor last read it: whether
     /// a cordon also keeps the autoscalers off the node.
     pub protect_from_autoscalers: AtomicBool,
+    /// The lifecycle notifications to the config's webhooks, sent in the background.
+    pub notifier: Notifier,
 }
 
 /// Default of [`Context::missing_node_grace`]: long enough for a node being provisioned to
@@ -80,6 +84,7 @@ impl Context {
         let identity = OperatorIdentity::new(namespace.clone(), pod_name);
         Context {
             events: EventQueue::start(Recorder::new(client.clone(), reporter), metrics.clone()),
+            notifier: Notifier::new(client.clone(), namespace.clone(), metrics.clone()),
             pdbs,
             pod_watches: WatchConnections::shared(client.clone()),
             client,
@@ -106,6 +111,12 @@ impl Context {
 
     pub fn set_leading(&self, leading: bool) {
         self.leading.store(leading, Ordering::Relaxed);
+    }
+
+    /// Queues a lifecycle notification of `request` for the receivers subscribed to `event`
+    /// (never waits; see [`Notifier`]).
+    pub fn notify(&self, event: NotificationEvent, request: &NodeMaintenance, detail: Detail) {
+        self.notifier.notify(event, request, detail);
     }
 
     pub fn error(&self, step: &str) {
@@ -244,6 +255,9 @@ impl Context {
         let updated = self.write_status(nm, &write.status).await?;
         if let Some(transition) = &write.transition {
             self.record_transition(&updated, transition);
+        }
+        for (event, detail) in notifications::status_write_events(nm.status.as_ref(), write) {
+            self.notify(event, &updated, detail);
         }
         Ok(updated)
     }

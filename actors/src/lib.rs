@@ -8,6 +8,7 @@ pub mod drainability;
 pub mod events;
 pub mod evictor;
 pub mod metrics;
+pub mod notifier;
 pub mod pdb_watch;
 pub mod request_actor;
 pub mod supervisor;

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
+use maintenance_core::notifications::DropReason;
 use maintenance_core::validation::{Operation, Outcome};
 
 use prometheus::{
@@ -31,6 +32,7 @@ pub struct Metrics {
     pub scheduler: SchedulerMetrics,
     pub drain: DrainMetrics,
     pub process: ProcessMetrics,
+    pub notifications: NotificationMetrics,
     /// The pods each PDB blocks, summed over request actors: a label set goes when its count is 0.
     blocked_by_pdb: Mutex<HashMap<(String, String), i64>>,
     /// The (budget, group) label sets exported at the last round, so that removed ones go.
@@ -458,6 +460,7 @@ impl Metrics {
             scheduler: SchedulerMetrics::new()?,
             drain: DrainMetrics::new()?,
             process: ProcessMetrics::new()?,
+            notifications: NotificationMetrics::new()?,
             blocked_by_pdb: Mutex::new(HashMap::new()),
             budget_series: Mutex::new(HashSet::new()),
         };
@@ -526,6 +529,7 @@ impl Metrics {
         all.extend(self.scheduler.collectors());
         all.extend(self.drain.collectors());
         all.extend(self.process.collectors());
+        all.extend(self.notifications.collectors());
         all
     }
 
@@ -641,6 +645,86 @@ impl Metrics {
     }
 }
 
+/// The lifecycle notifications' metrics, per receiver of `spec.notifications`.
+pub struct NotificationMetrics {
+    pub sent_total: IntCounterVec,
+    /// Attempts that failed (each retry counts).
+    pub failed_total: IntCounterVec,
+    /// Events given up, by receiver and [`DropReason`].
+    pub dropped_total: IntCounterVec,
+}
+
+impl NotificationMetrics {
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.sent_total.clone()),
+            Box::new(self.failed_total.clone()),
+            Box::new(self.dropped_total.clone()),
+        ]
+    }
+
+    fn new() -> Result<Self, MetricsError> {
+        Ok(NotificationMetrics {
+            sent_total: IntCounterVec::new(
+                opts(
+                    "notifications_sent_total",
+                    "Lifecycle notifications delivered (a 2xx answer), by receiver",
+                ),
+                &["receiver"],
+            )?,
+            failed_total: IntCounterVec::new(
+                opts(
+                    "notifications_failed_total",
+                    "Notification attempts that failed (no answer, or an answer other than 2xx), by receiver; each retry counts",
+                ),
+                &["receiver"],
+            )?,
+            dropped_total: IntCounterVec::new(
+                opts(
+                    "notifications_dropped_total",
+                    "Lifecycle notifications given up, by receiver and reason (queueFull, retriesExhausted, rejected)",
+                ),
+                &["receiver", "reason"],
+            )?,
+        })
+    }
+
+    /// Exports a new receiver's series at 0, so that rate() and alerts see its first event.
+    pub fn export_receiver(&self, receiver: &str) {
+        self.sent_total.with_label_values(&[receiver]);
+        self.failed_total.with_label_values(&[receiver]);
+        for reason in DropReason::ALL {
+            self.dropped_total
+                .with_label_values(&[receiver, reason.as_str()]);
+        }
+    }
+
+    /// Removes a receiver's series when it leaves the config, so that none goes stale.
+    pub fn forget_receiver(&self, receiver: &str) {
+        let _ = self.sent_total.remove_label_values(&[receiver]);
+        let _ = self.failed_total.remove_label_values(&[receiver]);
+        for reason in DropReason::ALL {
+            let _ = self
+                .dropped_total
+                .remove_label_values(&[receiver, reason.as_str()]);
+        }
+    }
+
+    pub fn sent(&self, receiver: &str) {
+        self.sent_total.with_label_values(&[receiver]).inc();
+    }
+
+    pub fn failed(&self, receiver: &str) {
+        self.failed_total.with_label_values(&[receiver]).inc();
+    }
+
+    pub fn dropped(&self, receiver: &str, reason: DropReason) {
+        self.dropped_total
+            .with_label_values(&[receiver, reason.as_str()])
+            .inc();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -668,19 +752,33 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 31, "{names:?}");
+        assert_eq!(names.len(), 34, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 31, "{names:?}");
+        assert_eq!(names.len(), 34, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()
                 .contains("maintenance_operator_requests{phase=\"Pending\"} 0")
         );
+    }
+
+    #[test]
+    fn notification_series_follow_the_receivers() {
+        let m = super::Metrics::new().expect("metrics register");
+        m.notifications.export_receiver("ops");
+        let text = m.render();
+        assert!(
+            text.contains("maintenance_operator_notifications_dropped_total{reason=\"queueFull\",receiver=\"ops\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("maintenance_operator_notifications_sent_total{receiver=\"ops\"} 0"));
+        m.notifications.forget_receiver("ops");
+        assert!(!m.render().contains("receiver=\"ops\""));
     }
 
     #[test]

@@ -655,6 +655,12 @@ async fn execute_action(
             in_phase_for,
         } => {
             remove_finalizer(state).await?;
+            let request = state.request.clone();
+            state.ctx.notify(
+                maintenance_core::notifications::NotificationEvent::Released,
+                &request,
+                maintenance_core::notifications::released(&request),
+            );
             if let Some(spent) = in_phase_for {
                 state
                     .ctx

@@ -25,6 +25,7 @@ pub mod label_selector;
 pub mod leader;
 pub mod lifecycle;
 pub mod node_view;
+pub mod notifications;
 pub mod ownership;
 pub mod pending_taint;
 pub mod plan_input;

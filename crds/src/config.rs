@@ -86,6 +86,12 @@ pub struct MaintenanceOperatorConfigSpec {
     /// Unset: the plain order (oldest first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Admission>,
+
+    /// Our addition: webhooks told of each request's lifecycle events, one CloudEvent (JSON,
+    /// structured mode) per event and receiver. Unset or empty: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]), length(max = 16))]
+    pub notifications: Option<Vec<crate::Notification>>,
 }
 
 /// Default for `admission.maxPassOverSeconds`: ten minutes, long enough for a PDB to recover from
@@ -341,6 +347,9 @@ impl MaintenanceOperatorConfigSpec {
     }
     pub fn blackouts(&self) -> &[Blackout] {
         self.blackouts.as_deref().unwrap_or_default()
+    }
+    pub fn notifications(&self) -> &[crate::Notification] {
+        self.notifications.as_deref().unwrap_or_default()
     }
 }
 

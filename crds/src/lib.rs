@@ -7,10 +7,12 @@
 mod config;
 mod int_or_percent;
 mod node_maintenance;
+mod notifications;
 
 pub use config::*;
 pub use int_or_percent::*;
 pub use node_maintenance::*;
+pub use notifications::*;
 
 /// The API group of every type in this crate.
 pub const GROUP: &str = "maintenance.nvidia.com";

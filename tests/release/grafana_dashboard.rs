@@ -225,6 +225,7 @@ fn exported_metrics() -> BTreeMap<String, MetricType> {
     m.scheduler
         .budget_can_become_unavailable
         .with_label_values(&["budget", "group"]);
+    m.notifications.export_receiver("receiver");
     let families: BTreeMap<String, MetricType> = m
         .registry
         .gather()
@@ -910,6 +911,13 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
                 name: "everything".into(),
                 max_parallel_operations: Some(IntOrString::Int(10)),
                 ..Budget::default()
+            }]),
+            // A receiver nobody listens for: its notification series exist (and count failures).
+            notifications: Some(vec![maintenance_crds::Notification {
+                name: "nobody".into(),
+                url: Some(format!("http://127.0.0.1:{}/", free_port()?)),
+                events: maintenance_crds::NotificationEvent::ALL.to_vec(),
+                secret_ref: None,
             }]),
             ..Default::default()
         },

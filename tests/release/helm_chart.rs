@@ -463,6 +463,8 @@ fn namespace_grants() -> BTreeSet<Grant> {
             &["get", "list", "watch"],
             "default",
         ),
+        // The Secrets of notification receivers (spec.notifications[].secretRef).
+        ("", "secrets", &["get"], ""),
         ("coordination.k8s.io", "leases", &["create"], ""),
         (
             "coordination.k8s.io",

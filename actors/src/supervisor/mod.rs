@@ -467,6 +467,10 @@ fn apply_config(state: &mut SupervisorState, config: Option<&MaintenanceOperator
         config.is_none_or(|c| c.protect_from_autoscalers()),
         std::sync::atomic::Ordering::Relaxed,
     );
+    state
+        .ctx
+        .notifier
+        .configure(config.map(|c| c.notifications()).unwrap_or_default());
     state.ctx.evictor.set_rate(EvictionRate {
         per_second: config.map_or(maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND, |c| {
             c.evictions_per_second()

@@ -47,6 +47,11 @@ pub(crate) fn spawn_admission(
             for transition in lifecycle::admission_transitions(&request, jiff::Timestamp::now()) {
                 ctx.record_transition(admitted, &transition);
             }
+            ctx.notify(
+                maintenance_core::notifications::NotificationEvent::Admitted,
+                admitted,
+                crate::notifier::Detail::default(),
+            );
         }
         outcome
     });

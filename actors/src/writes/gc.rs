@@ -6,6 +6,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Preconditions};
 use maintenance_core::gc::Cause;
 use maintenance_core::lifecycle::EventReason;
+use maintenance_core::notifications::{Detail, NotificationEvent};
 use maintenance_crds::NodeMaintenance;
 
 use crate::context::{Context, is_conflict, is_not_found};
@@ -63,6 +64,11 @@ async fn collect_one(
     // After the deletion, so that a refused one says nothing; the Event outlives the request.
     let note = cause.describe(request);
     tracing::info!(request = %request.key(), cause = cause.metric_label(), "{note}");
+    ctx.notify(
+        NotificationEvent::GarbageCollected,
+        request,
+        Detail::new(cause.metric_label(), note.clone()),
+    );
     ctx.event(request, true, EventReason::GarbageCollected.as_str(), note);
     Ok(true)
 }
