@@ -2,7 +2,7 @@
 //! few API writes that several actors make (status, events).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -56,6 +56,9 @@ pub struct Context {
     /// The config's `admission.protectFromAutoscalers`, as the supervisor last read it: whether
     /// a cordon also keeps the autoscalers off the node.
     pub protect_from_autoscalers: AtomicBool,
+    /// The config's `admission.yieldBlockedDrainAfterSeconds` as the supervisor last read it, in
+    /// seconds; 0: unset (a drain that budgets block keeps its slot).
+    pub yield_blocked_drain_after_seconds: AtomicU64,
 }
 
 /// Default of [`Context::missing_node_grace`]: long enough for a node being provisioned to
@@ -93,6 +96,18 @@ impl Context {
             set_log_level: None,
             missing_node_grace: DEFAULT_MISSING_NODE_GRACE,
             protect_from_autoscalers: AtomicBool::new(true),
+            yield_blocked_drain_after_seconds: AtomicU64::new(0),
+        }
+    }
+
+    /// How long a drain that budgets block keeps its slot; `None`: for good.
+    pub fn yield_blocked_drain_after(&self) -> Option<Duration> {
+        match self
+            .yield_blocked_drain_after_seconds
+            .load(Ordering::Relaxed)
+        {
+            0 => None,
+            seconds => Some(Duration::from_secs(seconds)),
         }
     }
 

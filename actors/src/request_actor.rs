@@ -425,6 +425,7 @@ async fn run_step(
         pods: pods.as_deref(),
         pdb_summaries: &pdb_summaries,
         operator: &state.ctx.identity,
+        yield_after: state.ctx.yield_blocked_drain_after(),
     };
     let now = jiff::Timestamp::now();
     let step = lifecycle::step(&state.request, &observed, now, &mut state.ledger);
@@ -671,6 +672,18 @@ async fn execute_action(
             .drain
             .drain_duration_seconds
             .observe(after.as_secs_f64()),
+        Action::Yield { patch } => {
+            let updated = request_api(state)
+                .patch(
+                    &state.request.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await?;
+            state.request = Arc::new(updated);
+            tracing::warn!(request = %state.key(), node = %state.node(), "a drain that PodDisruptionBudgets block gave its slot back");
+            state.ctx.metrics.request.requests_yielded_total.inc();
+        }
     }
     Ok(())
 }

@@ -31,3 +31,4 @@ mod scheduling;
 mod security;
 mod testbed_smoke;
 mod webhook;
+mod yield_drain;

@@ -855,6 +855,7 @@ mod properties {
                             // The legacy oracle predates both: left at what the objects give.
                             released: false,
                             admission_retry: None,
+                            yielded: None,
                         },
                     )
                     .collect(),
@@ -884,6 +885,7 @@ mod properties {
                         .map(|(index, b)| b.spec(index))
                         .collect(),
                     maintenance_windows: window.specs(),
+                    yield_blocked_drain_after: None,
                 },
                 snapshot,
                 budgets,
