@@ -2,7 +2,7 @@
 //! few API writes that several actors make (status, events).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -60,6 +60,9 @@ pub struct Context {
     pub protect_from_autoscalers: AtomicBool,
     /// The lifecycle notifications to the config's webhooks, sent in the background.
     pub notifier: Notifier,
+    /// The config's `admission.yieldBlockedDrainAfterSeconds` as the supervisor last read it, in
+    /// seconds; 0: unset (a drain that budgets block keeps its slot).
+    pub yield_blocked_drain_after_seconds: AtomicU64,
 }
 
 /// Default of [`Context::missing_node_grace`]: long enough for a node being provisioned to
@@ -98,6 +101,18 @@ impl Context {
             set_log_level: None,
             missing_node_grace: DEFAULT_MISSING_NODE_GRACE,
             protect_from_autoscalers: AtomicBool::new(true),
+            yield_blocked_drain_after_seconds: AtomicU64::new(0),
+        }
+    }
+
+    /// How long a drain that budgets block keeps its slot; `None`: for good.
+    pub fn yield_blocked_drain_after(&self) -> Option<Duration> {
+        match self
+            .yield_blocked_drain_after_seconds
+            .load(Ordering::Relaxed)
+        {
+            0 => None,
+            seconds => Some(Duration::from_secs(seconds)),
         }
     }
 

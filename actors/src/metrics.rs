@@ -93,6 +93,8 @@ pub struct RequestMetrics {
     pub requests_admitted_total: IntCounter,
     /// Requests another operator left in progress that this one adopted.
     pub requests_adopted_total: IntCounter,
+    /// Admitted requests whose drain PodDisruptionBudgets blocked that gave their slot back.
+    pub requests_yielded_total: IntCounter,
     /// Requests deleted by garbage collection, by cause (ready_too_long, node_not_found).
     pub requests_garbage_collected_total: IntCounterVec,
 }
@@ -105,6 +107,7 @@ impl RequestMetrics {
             Box::new(self.phase_transitions_total.clone()),
             Box::new(self.requests_admitted_total.clone()),
             Box::new(self.requests_adopted_total.clone()),
+            Box::new(self.requests_yielded_total.clone()),
             Box::new(self.requests_garbage_collected_total.clone()),
         ]
     }
@@ -137,6 +140,10 @@ impl RequestMetrics {
             requests_adopted_total: IntCounter::with_opts(opts(
                 "requests_adopted_total",
                 "Requests left in progress by another operator (NVIDIA's) and adopted",
+            ))?,
+            requests_yielded_total: IntCounter::with_opts(opts(
+                "requests_yielded_total",
+                "Admitted requests whose drain PodDisruptionBudgets blocked that gave their slot back (back to Pending)",
             ))?,
             requests_garbage_collected_total: IntCounterVec::new(
                 opts(
@@ -752,14 +759,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 34, "{names:?}");
+        assert_eq!(names.len(), 35, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 34, "{names:?}");
+        assert_eq!(names.len(), 35, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

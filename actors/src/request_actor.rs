@@ -28,6 +28,7 @@ use maintenance_core::lifecycle::{
     self, Action, EventReason, EvictionOrder, ForceDeleteOrder, Ledger, LedgerEvent, LedgerOutlook,
     NodeView, Observed, Step,
 };
+use maintenance_core::notifications::{Detail, NotificationEvent};
 use maintenance_core::pod_view::CachedPod;
 use maintenance_crds::{
     ADMITTED_TIME_ANNOTATION, FINALIZER, INITIAL_UNSCHEDULABLE_ANNOTATION, NodeMaintenance,
@@ -425,6 +426,7 @@ async fn run_step(
         pods: pods.as_deref(),
         pdb_summaries: &pdb_summaries,
         operator: &state.ctx.identity,
+        yield_after: state.ctx.yield_blocked_drain_after(),
     };
     let now = jiff::Timestamp::now();
     let step = lifecycle::step(&state.request, &observed, now, &mut state.ledger);
@@ -657,7 +659,7 @@ async fn execute_action(
             remove_finalizer(state).await?;
             let request = state.request.clone();
             state.ctx.notify(
-                maintenance_core::notifications::NotificationEvent::Released,
+                NotificationEvent::Released,
                 &request,
                 maintenance_core::notifications::released(&request),
             );
@@ -677,6 +679,23 @@ async fn execute_action(
             .drain
             .drain_duration_seconds
             .observe(after.as_secs_f64()),
+        Action::Yield { patch, message } => {
+            let updated = request_api(state)
+                .patch(
+                    &state.request.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await?;
+            state.request = Arc::new(updated);
+            tracing::warn!(request = %state.key(), node = %state.node(), "a drain that PodDisruptionBudgets block gave its slot back");
+            state.ctx.metrics.request.requests_yielded_total.inc();
+            state.ctx.notify(
+                NotificationEvent::Yielded,
+                &state.request,
+                Detail::new(EventReason::Yielded.as_str(), message),
+            );
+        }
     }
     Ok(())
 }

@@ -166,6 +166,7 @@ impl CordonMark {
             deleting: true,
             released: false,
             admission_retry: None,
+            yielded: None,
         }
     }
 }

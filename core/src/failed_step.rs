@@ -20,6 +20,8 @@ pub enum StepCall {
     AddFinalizer,
     WriteStatus,
     RemoveFinalizer,
+    /// The yield's metadata write (a drain that budgets block gives its slot back).
+    GiveSlotBack,
 }
 
 impl StepCall {
@@ -35,6 +37,7 @@ impl StepCall {
             Action::Uncordon => Some(StepCall::Uncordon),
             Action::WriteStatus(_) => Some(StepCall::WriteStatus),
             Action::RemoveFinalizer { .. } => Some(StepCall::RemoveFinalizer),
+            Action::Yield { .. } => Some(StepCall::GiveSlotBack),
             Action::Evict(_)
             | Action::ForceDelete(_)
             | Action::Event(_)
@@ -60,6 +63,9 @@ impl fmt::Display for OnTarget<'_> {
             StepCall::AddFinalizer => f.write_str("add our finalizer to the request"),
             StepCall::WriteStatus => f.write_str("write the request's status"),
             StepCall::RemoveFinalizer => f.write_str("remove our finalizer from the request"),
+            StepCall::GiveSlotBack => f.write_str(
+                "give the request's slot back (remove our finalizer and admission annotations)",
+            ),
         }
     }
 }

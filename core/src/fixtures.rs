@@ -265,6 +265,7 @@ impl RequestState {
             deleting: false,
             released: false,
             admission_retry: None,
+            yielded: None,
         }
     }
 }

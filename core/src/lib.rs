@@ -34,3 +34,4 @@ pub mod scheduler;
 pub mod tracker;
 pub mod validation;
 pub mod windows;
+pub mod yielding;

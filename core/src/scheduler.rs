@@ -73,8 +73,8 @@ pub struct Decision {
     /// blackout: a round is due then.
     #[serde(skip)]
     pub next_window_opening: Option<jiff::Timestamp>,
-    /// The earliest retry of a request that waits for [`WaitCause::AdmissionRetry`]: a round is
-    /// due then.
+    /// The earliest retry of a request that waits for [`WaitCause::AdmissionRetry`], or end of a
+    /// back-off of one that waits for [`WaitCause::YieldBackoff`]: a round is due then.
     #[serde(skip)]
     pub next_admission_retry: Option<jiff::Timestamp>,
 }
@@ -286,18 +286,25 @@ pub fn schedule_observed(
     for request in pending {
         let hold = round.hold(request);
         let hold = hold.map(|hold| passed_over(hold, request, prefer, now));
-        if hold
-            .as_ref()
-            .is_some_and(|hold| hold.cause == WaitCause::AdmissionRetry)
-            && let Some(retry) = &request.admission_retry
-        {
+        let due = match hold.as_ref().map(|hold| hold.cause) {
+            Some(WaitCause::AdmissionRetry) => request.admission_retry.as_ref().map(|r| r.at),
+            Some(WaitCause::YieldBackoff) => round.readmit_at(request),
+            _ => None,
+        };
+        if let Some(due) = due {
             next_admission_retry =
-                Some(next_admission_retry.map_or(retry.at, |earliest| earliest.min(retry.at)));
+                Some(next_admission_retry.map_or(due, |earliest| earliest.min(due)));
         }
         if let Some(hold) = hold {
+            let reason = match &request.yielded {
+                Some(record) if hold.cause != WaitCause::YieldBackoff => {
+                    crate::yielding::with_yield(&hold.reason, record)
+                }
+                _ => hold.reason,
+            };
             waiting.push(Waiting {
                 key: request.key(),
-                reason: hold.reason,
+                reason,
                 cause: hold.cause,
                 budget: hold.budget,
                 group: hold.group,
@@ -334,6 +341,8 @@ pub fn schedule_observed(
 /// round has admitted so far.
 struct Round<'s> {
     now: jiff::Timestamp,
+    /// The yield period, the base of a yielded request's back-off.
+    yield_period: Option<Duration>,
     capacity: &'s CapacityCheck,
     existing_nodes: HashMap<&'s str, &'s NodeState>,
     in_maintenance: BTreeMap<&'s str, &'s RequestState>,
@@ -442,6 +451,7 @@ impl<'s> Round<'s> {
 
         Ok(Round {
             now,
+            yield_period: limits.yield_blocked_drain_after,
             capacity,
             existing_nodes,
             in_maintenance,
@@ -460,6 +470,13 @@ impl<'s> Round<'s> {
             admitted_on_node: HashMap::new(),
             newly_unavailable: 0,
         })
+    }
+
+    /// When a request that yielded may be admitted again; `None`: it never yielded, or yields
+    /// are off (turning them off ends every back-off).
+    fn readmit_at(&self, request: &RequestState) -> Option<jiff::Timestamp> {
+        let period = self.yield_period?;
+        Some(request.yielded.as_ref()?.readmit_at(period))
     }
 
     /// Why `request` waits this round, or `None`: it is admitted, and counted against every
@@ -488,6 +505,15 @@ impl<'s> Round<'s> {
                 // denies the write), and the slot goes to the next request meanwhile rather
                 // than to the same doomed write again (rule 6's skip).
                 cluster_wide(WaitCause::AdmissionRetry, retry.describe())
+            } else if let (Some(record), Some(period)) = (
+                request
+                    .yielded
+                    .as_ref()
+                    .filter(|_| self.readmit_at(request).is_some_and(|at| at > self.now)),
+                self.yield_period,
+            ) {
+                // Like a failed admission: the slot goes to the next request meanwhile.
+                cluster_wide(WaitCause::YieldBackoff, record.backoff_reason(period))
             } else if let Some(blackout) = &self.blackout {
                 cluster_wide(WaitCause::Blackout, blackout.describe())
             } else if let WindowState::Closed { next_opening } = &self.windows {
@@ -599,7 +625,7 @@ fn pending_in_order<'s>(
         // A stable sort: false (keeps its place) before true (moved back).
         pending.sort_by_key(|r| prefer.pass_over(r, now).is_some());
     }
-    pending
+    crate::yielding::order_after_yields(pending)
 }
 
 /// A moved-back request that waits for a slot says why it is behind: its drain would wait on a
@@ -1518,6 +1544,7 @@ mod tests {
                 deleting: false,
                 released: false,
                 admission_retry: None,
+                yielded: None,
             }]
         );
     }
@@ -1796,6 +1823,7 @@ mod tests {
                                         at: at(seconds),
                                         error: "denied".to_string(),
                                     }),
+                                    yielded: None,
                                 }
                             },
                         )
@@ -1920,3 +1948,5 @@ mod tests {
         }
     }
 }
+#[cfg(test)]
+mod yield_tests;

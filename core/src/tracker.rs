@@ -197,6 +197,20 @@ impl TrackedRequest {
         if shown.is_none() {
             self.ended = None;
         }
+        // An actor that ended by giving the slot back (a yield) left its request Pending and
+        // needing no actor: once the cache shows that version, the end is history, and kept it
+        // would count the request's next admission as released.
+        if let Some(RunEnd::Finished {
+            version: Some(version),
+            ..
+        }) = &self.ended
+            && pending
+            && shown.is_some_and(|r| {
+                !r.is_deleting() && version_reached(r.metadata.resource_version.as_deref(), version)
+            })
+        {
+            self.ended = None;
+        }
         if !(pending && shown.is_some_and(|r| !r.is_deleting())) {
             self.retry = None;
         }

@@ -138,6 +138,16 @@ pub struct Admission {
     /// node carried before is left alone, like a cordon that was there. Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protect_from_autoscalers: Option<bool>,
+
+    /// An admitted request whose drain has evicted nothing for this many seconds because
+    /// PodDisruptionBudgets refuse gives its slot back: its node is uncordoned (if we cordoned
+    /// it), it returns to Pending behind the requests that were waiting, and it is admitted
+    /// again after a back-off that doubles with each yield (from this period, capped at an hour
+    /// or this period if longer). A request with `drainSpec.forceDeleteAfterSeconds` never
+    /// yields. Unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub yield_blocked_drain_after_seconds: Option<i32>,
 }
 
 impl Admission {
@@ -152,6 +162,12 @@ impl Admission {
     }
     pub fn protect_from_autoscalers(&self) -> bool {
         self.protect_from_autoscalers.unwrap_or(true)
+    }
+    /// How long a drain blocked by PodDisruptionBudgets keeps its slot; `None`: for good.
+    pub fn yield_blocked_drain_after(&self) -> Option<std::time::Duration> {
+        self.yield_blocked_drain_after_seconds
+            .filter(|s| *s > 0)
+            .map(|s| std::time::Duration::from_secs(u64::from(s.unsigned_abs())))
     }
     /// How long a request whose drain would wait may be passed over.
     pub fn max_pass_over_seconds(&self) -> i64 {
@@ -327,6 +343,9 @@ impl MaintenanceOperatorConfigSpec {
     }
     pub fn protect_from_autoscalers(&self) -> bool {
         self.admission().protect_from_autoscalers()
+    }
+    pub fn yield_blocked_drain_after(&self) -> Option<std::time::Duration> {
+        self.admission().yield_blocked_drain_after()
     }
     pub fn evictions_per_second(&self) -> u32 {
         self.evictions_per_second

@@ -32,3 +32,4 @@ mod scheduling;
 mod security;
 mod testbed_smoke;
 mod webhook;
+mod yield_drain;

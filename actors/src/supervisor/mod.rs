@@ -471,6 +471,12 @@ fn apply_config(state: &mut SupervisorState, config: Option<&MaintenanceOperator
         .ctx
         .notifier
         .configure(config.map(|c| c.notifications()).unwrap_or_default());
+    state.ctx.yield_blocked_drain_after_seconds.store(
+        config
+            .and_then(|c| c.yield_blocked_drain_after())
+            .map_or(0, |d| d.as_secs()),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     state.ctx.evictor.set_rate(EvictionRate {
         per_second: config.map_or(maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND, |c| {
             c.evictions_per_second()

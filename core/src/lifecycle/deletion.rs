@@ -156,7 +156,7 @@ pub(super) fn on_node_gone(request: &NodeMaintenance, now: Timestamp) -> Step {
 /// cordon was asked for now or at admission ([`CORDON_REQUESTED_ANNOTATION`]), so that
 /// `spec.cordon` turned off mid-maintenance does not leave the node cordoned. (Turned on after
 /// the cordon step, it owes an uncordon too: a no-op on a node we never cordoned.)
-fn owes_uncordon(request: &NodeMaintenance) -> bool {
+pub(super) fn owes_uncordon(request: &NodeMaintenance) -> bool {
     let requested_at_admission = request
         .metadata
         .annotations

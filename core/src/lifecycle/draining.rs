@@ -10,16 +10,18 @@ use maintenance_crds::{DrainSpec, NodeMaintenance, Phase};
 
 use super::drain_status::{DrainReport, force_delete_note, force_deleted_summary, timeout_message};
 use super::failure::{clear_failed, failed_with, invalid_spec, report_failure, set_failed};
+use super::yielding::{YieldVerdict, yield_step, yield_verdict};
 use super::{
     Action, Event, EvictionOrder, FailedReason, ForceDelete, ForceDeleteOrder, HEARTBEAT, Ledger,
     Observed, PodEviction, STATUS_WRITE_INTERVAL, StatusWrite, Step, TIMER_SLACK, after, elapsed,
-    enter,
+    enter, namespace_of,
 };
 use crate::conditions;
 use crate::deadline;
 use crate::drain_plan::{self, DrainPlan, DrainPod, DrainRules, PodRef};
 use crate::eviction::EvictionOutcome;
 use crate::pod_view::CachedPod;
+use crate::yielding::YieldBlocker;
 
 fn creation_time(pod: &impl DrainPod) -> Option<Timestamp> {
     pod.meta().creation_timestamp.as_ref().map(|t| t.0)
@@ -104,8 +106,52 @@ pub(super) fn on_draining(
     if report.remaining.is_empty() {
         return drain.finish(report, ledger, step);
     }
+    // The yield counts from the last progress the ledger saw. The ledger is memory only: an
+    // actor (re)started mid-drain counts from its first step, so a restart delays a yield, never
+    // hastens it.
+    let blocker = pdb_blocker(ledger, &report.remaining);
+    let quiet_since = ledger.last_progress.map_or(started, |p| p.max(started));
+    match yield_verdict(
+        observed.yield_after,
+        force_after,
+        !blocker.is_empty(),
+        quiet_since,
+        now,
+    ) {
+        YieldVerdict::Yield => {
+            // The evictions this step ordered are dropped with the ledger: never sent.
+            ledger.clear();
+            let period = observed.yield_after.unwrap_or_default();
+            return yield_step(request, observed.node, period, &blocker, now);
+        }
+        YieldVerdict::Progressing { due } => step.wake(after(due, TIMER_SLACK)),
+        YieldVerdict::Off | YieldVerdict::Escalates | YieldVerdict::NotBlockedByPdb => {}
+    }
     step.last_progress = ledger.last_progress;
     drain.write_status(report, ledger, step)
+}
+
+/// The budgets that refused the last eviction of a pod the drain still waits for, with those pods.
+/// Only a refusal that names its budget counts (a 429 that names none may be the API server's own
+/// throttling), and not a pod being deleted past the escalation deadline.
+fn pdb_blocker(ledger: &Ledger, remaining: &[String]) -> YieldBlocker {
+    let mut blocker = YieldBlocker::default();
+    for key in remaining {
+        let Some(entry) = ledger.evictions.get(key) else {
+            continue;
+        };
+        if entry.accepted || entry.force.is_some() {
+            continue;
+        }
+        if let Some(EvictionOutcome::Refused { pdb: Some(pdb), .. }) = &entry.last {
+            blocker
+                .pods_by_pdb
+                .entry(format!("{}/{pdb}", namespace_of(key)))
+                .or_default()
+                .push(key.clone());
+        }
+    }
+    blocker
 }
 
 /// One drain step's view of the node: what its calls, its status and its status write are made

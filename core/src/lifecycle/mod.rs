@@ -39,6 +39,7 @@ mod failure;
 mod ledger;
 mod ready;
 mod versions;
+mod yielding;
 
 pub use admission::{
     AdmissionFailure, AdmissionReadBack, admission_annotations, admission_failure,
@@ -50,6 +51,7 @@ pub use failure::{retry_after_failed_step, status_after_failed_step};
 use ledger::{ForceDelete, PodEviction};
 pub use ledger::{Ledger, LedgerEvent, LedgerOutlook, retry_delay};
 pub use versions::{is_newer_version, shows_version, version_reached};
+pub use yielding::{YieldVerdict, yield_message, yield_verdict};
 
 use completion::on_wait_for_completion;
 use cordon::on_cordon;
@@ -127,6 +129,9 @@ pub struct Observed<'a> {
     pub pdb_summaries: &'a BTreeMap<String, String>,
     /// The operator's own pods, never evicted.
     pub operator: &'a OperatorIdentity,
+    /// The config's `admission.yieldBlockedDrainAfterSeconds`: a drain that budgets block gives
+    /// its slot back after this long without progress; `None`: never.
+    pub yield_after: Option<Duration>,
 }
 
 /// What the actor does, in order. A failed action ends the step; the next step recomputes from
@@ -169,6 +174,14 @@ pub enum Action {
     /// The drain finished after this long (a histogram observation).
     DrainFinished {
         after: Duration,
+    },
+    /// Give the slot back (a drain that budgets block): this merge patch of the request's
+    /// metadata, guarded by its resourceVersion, removes our finalizer and the admission's
+    /// annotations and records the yield (`crate::yielding::yield_patch`).
+    Yield {
+        patch: serde_json::Value,
+        /// Why, as the Pending message and the Event say it (for the `Yielded` notification).
+        message: String,
     },
 }
 
@@ -253,6 +266,8 @@ pub enum EventReason {
     ForceDeleted,
     /// A call of a step failed and is retried (see [`crate::failed_step`]).
     StepFailed,
+    /// A drain that budgets blocked gave its slot back: the request is Pending again.
+    Yielded,
 }
 
 impl EventReason {
@@ -267,6 +282,7 @@ impl EventReason {
             EventReason::GarbageCollected => "GarbageCollected",
             EventReason::ForceDeleted => "ForceDeleted",
             EventReason::StepFailed => "StepFailed",
+            EventReason::Yielded => "Yielded",
         }
     }
 }
@@ -461,6 +477,11 @@ fn decide(
     if request.is_deleting() {
         ledger.clear();
         return on_deletion(request, observed, now);
+    }
+    // A yield cut short after its metadata write: finish it, do not adopt it.
+    if let Some(step) = yielding::finish_interrupted_yield(request, now) {
+        ledger.clear();
+        return step;
     }
     let phase = request.phase();
     // A request past Pending that we never admitted was left mid-flight by another operator:

@@ -148,6 +148,7 @@ fn run_observing(
         pods: pods.as_deref(),
         pdb_summaries: &summaries,
         operator: &operator,
+        yield_after: None,
     };
     step(nm, &observed, now, ledger)
 }
@@ -1438,6 +1439,7 @@ fn an_eviction_order_shares_the_cached_pod() {
         pods: Some(&cached),
         pdb_summaries: &summaries,
         operator: &operator,
+        yield_after: None,
     };
     let mut ledger = Ledger::default();
     let step = step(&nm, &observed, at(1), &mut ledger);
@@ -2223,3 +2225,5 @@ fn a_request_gone_without_our_cleanup_forgets_the_drain_and_its_budgets() {
         "the eviction still queued is cancelled"
     );
 }
+
+mod yields;

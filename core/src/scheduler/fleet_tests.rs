@@ -856,6 +856,7 @@ mod properties {
                             // The legacy oracle predates both: left at what the objects give.
                             released: false,
                             admission_retry: None,
+                            yielded: None,
                         },
                     )
                     .collect(),
@@ -886,6 +887,7 @@ mod properties {
                         .collect(),
                     maintenance_windows: window.specs(),
                     blackouts: Vec::new(),
+                    yield_blocked_drain_after: None,
                 },
                 snapshot,
                 budgets,

@@ -14,6 +14,8 @@ use maintenance_crds::{
 };
 use serde::{Serialize, Serializer};
 
+use crate::yielding::YieldRecord;
+
 /// What the scheduler needs to know about a Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeState {
@@ -116,6 +118,9 @@ pub struct RequestState {
     /// Its last admission writes failed: it is not admitted again before this retry. `None`
     /// from the objects; the supervisor, which saw the failure, sets it.
     pub admission_retry: Option<AdmissionRetry>,
+    /// Pending after it gave its slot back ([`crate::yielding`]): its back-off and its place
+    /// behind the requests that waited then. From the object's annotations.
+    pub yielded: Option<YieldRecord>,
 }
 
 impl RequestState {
@@ -136,6 +141,10 @@ impl RequestState {
                 && phase != Phase::Pending
                 && !crate::lifecycle::has_finalizer(request),
             admission_retry: None,
+            // Read only while it waits: once admitted again the record is history.
+            yielded: (phase == Phase::Pending)
+                .then(|| YieldRecord::of(request))
+                .flatten(),
         }
     }
 
@@ -278,6 +287,9 @@ pub struct Limits {
     pub maintenance_windows: Vec<MaintenanceWindow>,
     /// Periods in which nothing is admitted; empty: none.
     pub blackouts: Vec<Blackout>,
+    /// `admission.yieldBlockedDrainAfterSeconds`: the base of a yielded request's back-off;
+    /// `None`: no yields, and a request that yielded before waits for nothing more.
+    pub yield_blocked_drain_after: Option<Duration>,
 }
 
 impl Limits {
@@ -290,6 +302,7 @@ impl Limits {
                 budgets: spec.budgets().to_vec(),
                 maintenance_windows: spec.maintenance_windows().to_vec(),
                 blackouts: spec.blackouts().to_vec(),
+                yield_blocked_drain_after: spec.yield_blocked_drain_after(),
             },
             None => Limits {
                 max_parallel_operations: MaintenanceOperatorConfigSpec::default()
@@ -354,10 +367,13 @@ pub enum WaitCause {
     /// selector the operator cannot read): nothing is admitted until it is fixed, and the
     /// reason names the field.
     ConfigError,
+    /// It gave its slot back because budgets blocked its drain, and waits out its back-off (the
+    /// reason names what blocked it and when it may be admitted again).
+    YieldBackoff,
 }
 
 impl WaitCause {
-    pub const ALL: [WaitCause; 15] = [
+    pub const ALL: [WaitCause; 16] = [
         WaitCause::Deleting,
         WaitCause::NodeInMaintenance,
         WaitCause::NodeAdmittedThisRound,
@@ -373,6 +389,7 @@ impl WaitCause {
         WaitCause::CapacityUnknown,
         WaitCause::AdmissionRetry,
         WaitCause::ConfigError,
+        WaitCause::YieldBackoff,
     ];
 
     /// As in `plan -o json` and the `cause` label of the waiting-requests metric.
@@ -393,6 +410,7 @@ impl WaitCause {
             WaitCause::CapacityUnknown => "capacityUnknown",
             WaitCause::AdmissionRetry => "admissionRetry",
             WaitCause::ConfigError => "configError",
+            WaitCause::YieldBackoff => "yieldBackoff",
         }
     }
 }

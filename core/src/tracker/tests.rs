@@ -457,3 +457,62 @@ fn an_alarm_is_armed_again_only_for_an_earlier_time_or_once_it_passed() {
     alarm.fired();
     assert!(alarm.arm(20, 9));
 }
+
+/// A request whose drain gave its slot back: its actor ended, the request is Pending again (no
+/// finalizer, no admission). Once the cache shows that, nothing stale is left: it is admissible
+/// again, and its next admission holds a slot (is not counted released), and starts an actor.
+#[test]
+fn a_request_that_yielded_is_admissible_again_without_stale_bookkeeping() {
+    let mut tracker = Tracker::default();
+    // Admitted and draining (the cache shows the admission at 4, the actor wrote 5..9).
+    let draining = shown(&[admitted("a", "4")]);
+    round(&mut tracker, &draining);
+    // The yield: its actor ends at version 10, the status write that made it Pending.
+    tracker.actor_ended(
+        "a",
+        RunEnd::Finished {
+            version: Some("10".into()),
+            node_gone: false,
+        },
+    );
+    // The cache still shows an older version: the end is kept.
+    round(&mut tracker, &draining);
+    assert!(tracker.get("a").is_some_and(|t| t.ended.is_some()));
+    // The cache shows the yield: Pending, and nothing is remembered of the old admission.
+    let mut yielded = pending("a", "10");
+    yielded.status = Some(Default::default());
+    crate::conditions::set_phase(
+        &mut yielded
+            .status
+            .get_or_insert_with(Default::default)
+            .conditions,
+        Phase::Pending,
+        "gave its slot back",
+        now(),
+        None,
+    );
+    let after = shown(&[yielded.clone()]);
+    round(&mut tracker, &after);
+    assert_eq!(tracker.get("a"), None);
+    assert_eq!(
+        after.snapshot(&tracker),
+        [("a".into(), Phase::Pending, false)]
+    );
+    assert!(!after.cache().needs_actor(&yielded, false));
+    // Admitted again: it holds its slot while in flight and once answered, and gets an actor.
+    assert!(tracker.begin_admission("a", Some("10")));
+    assert_eq!(
+        after.snapshot(&tracker),
+        [("a".into(), Phase::Scheduled, false)]
+    );
+    tracker.admission_answered("a", AdmissionAnswer::Admitted, now());
+    round(&mut tracker, &after);
+    assert_eq!(
+        after.snapshot(&tracker),
+        [("a".into(), Phase::Scheduled, false)]
+    );
+    assert_eq!(
+        tracker.actor_action("a", None, Some("11"), true, std::time::Instant::now()),
+        ActorAction::Start
+    );
+}
