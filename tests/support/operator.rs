@@ -60,6 +60,9 @@ pub struct Operator {
     launcher: Option<Vec<std::ffi::OsString>>,
 }
 
+/// How many times an operator is started on new ports when one was taken meanwhile.
+const PORT_ATTEMPTS: u32 = 3;
+
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -144,9 +147,35 @@ impl Operator {
             kubeconfig: kubeconfig.to_path_buf(),
             launcher,
         };
-        op.spawn()?;
-        op.wait_ready().await?;
+        op.spawn_until_ready().await?;
         Ok(op)
+    }
+
+    /// Spawns the process and waits until it is ready. A port [`free_port`] found free may be
+    /// taken by another process before the operator binds it (the API servers and operators of
+    /// other tests pick ports too): the operator then exits at once saying so, and is started
+    /// again on new ports, at most [`PORT_ATTEMPTS`] times.
+    async fn spawn_until_ready(&mut self) -> Result<()> {
+        let mut attempt = 1;
+        loop {
+            self.spawn()?;
+            match self.wait_ready().await {
+                Err(err)
+                    if attempt < PORT_ATTEMPTS
+                        && self
+                            .child
+                            .as_mut()
+                            .is_some_and(|c| c.try_wait().is_ok_and(|s| s.is_some()))
+                        && err.to_string().contains("Address already in use") =>
+                {
+                    eprintln!(
+                        "operator port taken meanwhile (attempt {attempt}); starting it on new ports"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     fn spawn(&mut self) -> Result<()> {
@@ -242,8 +271,7 @@ impl Operator {
     /// Starts the same process again (after [`Operator::kill`]).
     pub async fn restart(&mut self) -> Result<()> {
         self.kill();
-        self.spawn()?;
-        self.wait_ready().await
+        self.spawn_until_ready().await
     }
 
     pub fn pid(&self) -> Option<u32> {
