@@ -16,6 +16,7 @@ use kube::api::{Api, ListParams};
 use maintenance_core::budgets::{BudgetStatus, WindowStatus};
 use maintenance_core::plan_input::{DrainObservations, plan_objects_with};
 pub use maintenance_core::plan_input::{PlanReport, plan_from_yaml};
+use maintenance_core::scheduler::NodeGroupStatus;
 use maintenance_crds::{DEFAULT_CONFIG_NAME, MaintenanceOperatorConfig, NodeMaintenance, Phase};
 
 use crate::list_all;
@@ -204,6 +205,10 @@ fn render_table(report: &PlanReport) -> String {
         out.push_str(&render_budgets(&decision.budgets));
         out.push('\n');
     }
+    if !decision.node_groups.is_empty() {
+        out.push_str(&render_node_groups(&decision.node_groups));
+        out.push('\n');
+    }
     if decision.scheduled.is_empty() && decision.waiting.is_empty() {
         out.push_str("No Pending requests: nothing to schedule.\n");
         return out;
@@ -258,6 +263,26 @@ fn describe_windows(windows: &WindowStatus) -> String {
         (false, Some(next)) => format!("closed; the next opens at {next}"),
         (false, None) => "closed; no schedule fires again".to_string(),
     }
+}
+
+/// One line per node group with Pending requests: admitted now, or what it waits for.
+fn render_node_groups(groups: &[NodeGroupStatus]) -> String {
+    let mut out = String::from("Node groups:\n");
+    for group in groups {
+        let size = group
+            .expected_size
+            .map(|size| format!(", group-size {size}"))
+            .unwrap_or_default();
+        let outcome = match group.cause {
+            None => "admitted together".to_string(),
+            Some(cause) => format!("waiting ({})", cause.as_str()),
+        };
+        out.push_str(&format!(
+            "  {}/{}: {} pending{size}, {outcome}\n",
+            group.namespace, group.name, group.pending
+        ));
+    }
+    out
 }
 
 /// One line per budget, then one per group: what is used and what is left.
@@ -404,6 +429,30 @@ spec: {maxParallelOperations: 1, maxUnavailable: 1}
         let empty = render_table(&empty);
         assert!(empty.contains("No Pending requests"), "{empty}");
         assert!(empty.contains("no limit"), "{empty}");
+    }
+
+    #[test]
+    fn a_node_group_that_cannot_fit_is_listed_with_its_cause() {
+        let mut yaml = String::new();
+        for i in 0..3 {
+            yaml.push_str(&format!(
+                "kind: Node\nmetadata: {{name: node-{i}}}\nstatus: {{conditions: [{{type: Ready, status: \"True\"}}]}}\n---\n\
+                 kind: NodeMaintenance\nmetadata: {{name: r{i}, namespace: team, labels: {{maintenance.nvidia.com/group: rack-a}}}}\n\
+                 spec: {{nodeName: node-{i}, requestorID: fw}}\n---\n"
+            ));
+        }
+        yaml.push_str("kind: MaintenanceOperatorConfig\nmetadata: {name: default, namespace: maintenance-operator}\nspec: {maxParallelOperations: 2}\n");
+        let report = plan_from_yaml(&yaml, "maintenance-operator", jiff::Timestamp::now())
+            .expect("valid input");
+        let table = render_table(&report);
+        assert!(
+            table.contains("Node groups:\n  team/rack-a: 3 pending, waiting (groupCannotFit)"),
+            "{table}"
+        );
+        assert!(table.contains("1 fewer than the group has"), "{table}");
+        let json = serde_json::to_value(&report.decision).expect("JSON");
+        assert_eq!(json["waiting"][0]["cause"], "groupCannotFit");
+        assert_eq!(json["nodeGroups"][0]["name"], "rack-a");
     }
 
     #[test]

@@ -170,6 +170,10 @@ pub struct SchedulerMetrics {
     pub requests_waiting: prometheus::IntGaugeVec,
     /// 1 while the config has a value the scheduler cannot use (nothing is admitted).
     pub config_invalid: IntGauge,
+    /// Node groups whose Pending requests wait, at the last round.
+    pub node_groups_waiting: IntGauge,
+    /// Node groups admitted, each whole in one round.
+    pub node_groups_admitted_total: IntCounter,
 }
 
 impl SchedulerMetrics {
@@ -183,6 +187,8 @@ impl SchedulerMetrics {
             Box::new(self.budget_can_become_unavailable.clone()),
             Box::new(self.requests_waiting.clone()),
             Box::new(self.config_invalid.clone()),
+            Box::new(self.node_groups_waiting.clone()),
+            Box::new(self.node_groups_admitted_total.clone()),
         ]
     }
 
@@ -229,6 +235,14 @@ impl SchedulerMetrics {
             config_invalid: IntGauge::with_opts(opts(
                 "config_invalid",
                 "1 while the MaintenanceOperatorConfig has a value the operator cannot use and nothing is admitted, at the last round",
+            ))?,
+            node_groups_waiting: IntGauge::with_opts(opts(
+                "node_groups_waiting",
+                "Node groups (label maintenance.nvidia.com/group) whose Pending requests wait, at the last round",
+            ))?,
+            node_groups_admitted_total: IntCounter::with_opts(opts(
+                "node_groups_admitted_total",
+                "Node groups admitted, all their Pending requests together in one round",
             ))?,
         })
     }
@@ -441,6 +455,14 @@ impl Metrics {
             .collect();
         self.set_budgets(&samples);
         self.set_waiting(decision.waiting.iter().map(|w| w.cause));
+        let (admitted, waiting): (Vec<_>, Vec<_>) =
+            decision.node_groups.iter().partition(|g| g.admitted);
+        self.scheduler
+            .node_groups_waiting
+            .set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
+        self.scheduler
+            .node_groups_admitted_total
+            .inc_by(u64::try_from(admitted.len()).unwrap_or(u64::MAX));
     }
 
     /// The requests gauge: how many requests the cache shows in each phase (0 for the others).
@@ -759,14 +781,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 35, "{names:?}");
+        assert_eq!(names.len(), 37, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 35, "{names:?}");
+        assert_eq!(names.len(), 37, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

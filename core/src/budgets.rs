@@ -37,6 +37,19 @@ pub struct BudgetHold {
     pub budget: String,
     pub group: Option<String>,
     pub reason: String,
+    /// What the hold is about, for a node group that keeps it ([`BudgetScope`]).
+    pub scope: BudgetScope,
+}
+
+/// The part of a budget a limit counts: one group's nodes (`maxParallelOperations`,
+/// `maxUnavailable`; the whole budget without `groupByLabel`), or all its groups
+/// (`maxGroupsInMaintenance`, `maxUnavailableGroups`, windows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetScope {
+    /// The budget's index in the config.
+    pub budget: usize,
+    /// The group's key; `None`: every group of the budget.
+    pub group: Option<String>,
 }
 
 /// One budget's counts as a round found them (before it admitted anything), for `plan` and
@@ -181,12 +194,20 @@ impl Book<'_> {
             .collect()
     }
 
-    fn hold(&self, cause: WaitCause, group: &str, reason: String) -> BudgetHold {
+    fn hold(&self, index: usize, cause: WaitCause, group: &str, reason: String) -> BudgetHold {
+        let one_group = matches!(
+            cause,
+            WaitCause::MaxParallelOperations | WaitCause::MaxUnavailable
+        );
         BudgetHold {
             cause,
             budget: self.name().to_string(),
             group: self.group_field(group),
             reason,
+            scope: BudgetScope {
+                budget: index,
+                group: one_group.then(|| group.to_string()),
+            },
         }
     }
 }
@@ -234,6 +255,15 @@ pub struct Budgets<'a> {
 
 /// The budgets and groups that cover one node: indexes into the round's budgets.
 pub struct Covering(Vec<(usize, String)>);
+
+impl Covering {
+    /// Whether this node counts against `scope`.
+    pub fn includes(&self, scope: &BudgetScope) -> bool {
+        self.0.iter().any(|(index, key)| {
+            *index == scope.budget && scope.group.as_ref().is_none_or(|group| group == key)
+        })
+    }
+}
 
 impl<'a> Budgets<'a> {
     /// Reads the budgets and counts, per group, the existing nodes, those in maintenance and
@@ -343,6 +373,7 @@ impl<'a> Budgets<'a> {
             let book = &self.books[*index];
             match &book.windows {
                 WindowState::Closed { next_opening } => Some(book.hold(
+                    *index,
                     WaitCause::MaintenanceWindows,
                     group,
                     outside_windows(Some(book.name()), next_opening.as_ref()),
@@ -368,6 +399,7 @@ impl<'a> Budgets<'a> {
                 && group.in_maintenance + group.admitted >= max
             {
                 return Some(book.hold(
+                    *index,
                     WaitCause::MaxParallelOperations,
                     key,
                     format!(
@@ -384,6 +416,7 @@ impl<'a> Budgets<'a> {
                 && group.unavailable + group.newly_unavailable >= max
             {
                 return Some(book.hold(
+                    *index,
                     WaitCause::MaxUnavailable,
                     key,
                     format!(
@@ -402,6 +435,7 @@ impl<'a> Budgets<'a> {
                 let busy = book.groups_where(Group::has_maintenance);
                 if busy.len() >= max as usize {
                     return Some(book.hold(
+                        *index,
                         WaitCause::MaxGroupsInMaintenance,
                         key,
                         format!(
@@ -421,6 +455,7 @@ impl<'a> Budgets<'a> {
                 let down = book.groups_where(Group::has_unavailable);
                 if down.len() >= max as usize {
                     return Some(book.hold(
+                        *index,
                         WaitCause::MaxUnavailableGroups,
                         key,
                         format!(
@@ -445,6 +480,98 @@ impl<'a> Budgets<'a> {
                 group.newly_unavailable += u32::from(!node_unavailable);
             }
         }
+    }
+
+    /// Undoes [`Budgets::admit`]: a node group that did not fit as a whole gives back what its
+    /// first requests took.
+    pub fn unadmit(&mut self, covering: &Covering, node_unavailable: bool) {
+        for (index, key) in &covering.0 {
+            if let Some(group) = self.books[*index].groups.get_mut(key) {
+                group.admitted = group.admitted.saturating_sub(1);
+                group.newly_unavailable = group
+                    .newly_unavailable
+                    .saturating_sub(u32::from(!node_unavailable));
+            }
+        }
+    }
+
+    /// Why a node group whose nodes have these coverings can never be admitted together under
+    /// the budgets, however many of their nodes are free: a limit smaller than the group's nodes
+    /// it covers. `None` when every limit could hold the group.
+    pub fn group_cannot_fit<'c>(
+        &self,
+        coverings: impl IntoIterator<Item = &'c Covering>,
+    ) -> Option<String> {
+        // Per budget: the group's nodes in each of the budget's groups.
+        let mut per_budget: BTreeMap<usize, BTreeMap<&str, u32>> = BTreeMap::new();
+        for covering in coverings {
+            for (index, key) in &covering.0 {
+                *per_budget
+                    .entry(*index)
+                    .or_default()
+                    .entry(key.as_str())
+                    .or_default() += 1;
+            }
+        }
+        per_budget.into_iter().find_map(|(index, counts)| {
+            let book = &self.books[index];
+            let over = |limit: &str, allows: String, max: u32, needed: u32| {
+                (needed > max).then(|| {
+                    format!(
+                        "budget {} allows {allows} ({limit}={max}), {} fewer than the node group needs",
+                        book.name(),
+                        needed - max
+                    )
+                })
+            };
+            let spanned = u32::try_from(counts.len()).unwrap_or(u32::MAX);
+            counts
+                .iter()
+                .find_map(|(key, needed)| {
+                    let group = book.groups.get(*key)?;
+                    let suffix = book.group_suffix(key);
+                    group
+                        .max_parallel_operations
+                        .and_then(|max| {
+                            over(
+                                "maxParallelOperations",
+                                format!("{max} nodes{suffix} in maintenance at once"),
+                                max,
+                                *needed,
+                            )
+                        })
+                        .or_else(|| {
+                            group.max_unavailable.and_then(|max| {
+                                over(
+                                    "maxUnavailable",
+                                    format!("{max} unavailable nodes{suffix}"),
+                                    max,
+                                    *needed,
+                                )
+                            })
+                        })
+                })
+                .or_else(|| {
+                    book.max_groups_in_maintenance.and_then(|max| {
+                        over(
+                            "maxGroupsInMaintenance",
+                            format!("{max} of its groups in maintenance at once"),
+                            max,
+                            spanned,
+                        )
+                    })
+                })
+                .or_else(|| {
+                    book.max_unavailable_groups.and_then(|max| {
+                        over(
+                            "maxUnavailableGroups",
+                            format!("{max} of its groups with unavailable nodes"),
+                            max,
+                            spanned,
+                        )
+                    })
+                })
+        })
     }
 
     /// The earliest opening of a budget's closed windows.

@@ -167,6 +167,7 @@ impl CordonMark {
             released: false,
             admission_retry: None,
             yielded: None,
+            node_group: None,
         }
     }
 }

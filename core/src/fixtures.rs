@@ -16,7 +16,7 @@ use maintenance_crds::{
 use proptest::prelude::*;
 
 use crate::conditions;
-use crate::scheduler::{NodeState, RequestState};
+use crate::scheduler::{Decision, NodeState, RequestState, Waiting};
 
 /// A running pod owned by a ReplicaSet: the ordinary case, evicted with default flags.
 pub fn pod(ns: &str, name: &str) -> Pod {
@@ -251,6 +251,21 @@ impl NodeBuilder {
     }
 }
 
+/// The names of the requests a round admitted, in order.
+pub fn admitted(decision: &Decision) -> Vec<&str> {
+    decision.scheduled.iter().map(|k| k.name.as_str()).collect()
+}
+
+/// The waiting entry of request `name` (any namespace); panics, showing the decision, if it
+/// does not wait.
+pub fn waiting<'d>(decision: &'d Decision, name: &str) -> &'d Waiting {
+    decision
+        .waiting
+        .iter()
+        .find(|w| w.key.name == name)
+        .unwrap_or_else(|| panic!("{name} is not waiting: {decision:#?}"))
+}
+
 impl RequestState {
     /// A request `team/<name>` on `node` by `fw.example.com`, in `phase`, created `created`
     /// seconds after [`at`]`(0)`.
@@ -266,6 +281,7 @@ impl RequestState {
             released: false,
             admission_retry: None,
             yielded: None,
+            node_group: None,
         }
     }
 }

@@ -15,13 +15,17 @@ use maintenance_crds::{DEFAULT_CONFIG_NAME, IntOrPercentError, Rounding, resolve
 use serde::Serialize;
 
 use crate::blackouts::{ActiveBlackout, BlackoutError, Blackouts};
-use crate::budgets::{BudgetError, BudgetStatus, Budgets, WindowStatus, outside_windows};
+use crate::budgets::{
+    BudgetError, BudgetScope, BudgetStatus, Budgets, WindowStatus, outside_windows,
+};
 use crate::capacity::{CapacityCheck, CapacityPool, CapacityStatus};
 use crate::drainability::PreferDrainable;
 use crate::windows::{Window, WindowError, WindowState, Windows};
 
+mod groups;
 pub mod model;
 
+pub use groups::NodeGroupStatus;
 pub use model::*;
 
 /// Spec field names, used in messages so that a user knows what to edit.
@@ -69,6 +73,10 @@ pub struct Decision {
     /// when the check is off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityStatus>,
+    /// The node groups with Pending requests, in the order they were considered; absent when
+    /// there are none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_groups: Vec<NodeGroupStatus>,
     /// The earliest opening of a closed window (cluster-wide or a budget's) or end of a
     /// blackout: a round is due then.
     #[serde(skip)]
@@ -280,35 +288,49 @@ pub fn schedule_observed(
 ) -> Result<Decision, ScheduleError> {
     let mut round = Round::new(snapshot, limits, capacity, now)?;
     let pending = pending_in_order(snapshot, prefer, now);
+    let groups = groups::NodeGroups::of(snapshot, &pending);
 
     let mut waiting = Vec::new();
+    let mut node_groups = Vec::new();
     let mut next_admission_retry: Option<jiff::Timestamp> = None;
-    for request in pending {
-        let hold = round.hold(request);
-        let hold = hold.map(|hold| passed_over(hold, request, prefer, now));
-        let due = match hold.as_ref().map(|hold| hold.cause) {
-            Some(WaitCause::AdmissionRetry) => request.admission_retry.as_ref().map(|r| r.at),
-            Some(WaitCause::YieldBackoff) => round.readmit_at(request),
-            _ => None,
+    for request in &pending {
+        let holds = match groups.of_request(request) {
+            // A group is decided at its first request's place, for all its requests.
+            Some(group) if std::ptr::eq(group.members[0], *request) => {
+                let (holds, status) = round.hold_group(group);
+                node_groups.push(status);
+                holds
+            }
+            Some(_) => continue,
+            None => vec![(*request, round.hold(request))],
         };
-        if let Some(due) = due {
-            next_admission_retry =
-                Some(next_admission_retry.map_or(due, |earliest| earliest.min(due)));
-        }
-        if let Some(hold) = hold {
-            let reason = match &request.yielded {
-                Some(record) if hold.cause != WaitCause::YieldBackoff => {
-                    crate::yielding::with_yield(&hold.reason, record)
-                }
-                _ => hold.reason,
+        for (request, hold) in holds {
+            let hold = hold.map(|hold| passed_over(hold, request, prefer, now));
+            let due = match hold.as_ref().map(|hold| hold.cause) {
+                Some(WaitCause::AdmissionRetry) => request.admission_retry.as_ref().map(|r| r.at),
+                Some(WaitCause::YieldBackoff) => round.readmit_at(request),
+                _ => None,
             };
-            waiting.push(Waiting {
-                key: request.key(),
-                reason,
-                cause: hold.cause,
-                budget: hold.budget,
-                group: hold.group,
-            });
+            if let Some(due) = due {
+                next_admission_retry =
+                    Some(next_admission_retry.map_or(due, |earliest| earliest.min(due)));
+            }
+            if let Some(hold) = hold {
+                let reason = match &request.yielded {
+                    Some(record) if hold.cause != WaitCause::YieldBackoff => {
+                        crate::yielding::with_yield(&hold.reason, record)
+                    }
+                    _ => hold.reason,
+                };
+                waiting.push(Waiting {
+                    key: request.key(),
+                    reason,
+                    cause: hold.cause,
+                    budget: hold.budget,
+                    group: hold.group,
+                    node_group: hold.node_group,
+                });
+            }
         }
     }
 
@@ -327,6 +349,7 @@ pub fn schedule_observed(
         blackout: round.blackout.clone(),
         budgets: round.budget_status,
         capacity: round.capacity_status,
+        node_groups,
         next_window_opening: cluster_opening
             .into_iter()
             .chain(round.budgets.next_window_opening())
@@ -354,9 +377,14 @@ struct Round<'s> {
     capacity_pool: Option<CapacityPool>,
     capacity_status: Option<CapacityStatus>,
     nodes_in_maintenance: u32,
+    /// The limits resolved against the cluster's nodes.
+    max_parallel_operations: u32,
+    max_unavailable: Option<u32>,
     available_slots: u32,
     can_become_unavailable: Option<u32>,
     limit_text: LimitText,
+    /// Slots that node groups waiting ahead keep from the requests behind them.
+    reservations: Vec<groups::Reservation>,
     scheduled: Vec<RequestKey>,
     /// Node -> the request admitted on it in this round.
     admitted_on_node: HashMap<&'s str, RequestKey>,
@@ -463,9 +491,12 @@ impl<'s> Round<'s> {
             capacity_pool,
             capacity_status,
             nodes_in_maintenance,
+            max_parallel_operations,
+            max_unavailable,
             available_slots,
             can_become_unavailable,
             limit_text,
+            reservations: Vec::new(),
             scheduled: Vec::new(),
             admitted_on_node: HashMap::new(),
             newly_unavailable: 0,
@@ -523,6 +554,8 @@ impl<'s> Round<'s> {
                 )
             } else if let Some(hold) = self.budgets.window_hold(&covering) {
                 Some(hold.into())
+            } else if let Some(ahead) = self.reservations.iter().find_map(|r| r.holds(&covering)) {
+                cluster_wide(WaitCause::BehindGroup, ahead.to_string())
             } else if count(self.scheduled.len()) >= self.available_slots {
                 cluster_wide(
                     WaitCause::MaxParallelOperations,
@@ -603,6 +636,7 @@ pub fn waiting_on_config_error(snapshot: &Snapshot, error: &ScheduleError) -> Ve
         cause: WaitCause::ConfigError,
         budget: None,
         group: None,
+        node_group: r.node_group.as_ref().map(|g| g.name.clone()),
     })
     .collect()
 }
@@ -664,11 +698,15 @@ fn passed_over(
 }
 
 /// Why a request waits, before it is written into [`Waiting`].
+#[derive(Clone)]
 struct Hold {
     cause: WaitCause,
     reason: String,
     budget: Option<String>,
     group: Option<String>,
+    /// The budget's part the hold is about; `None` for the cluster-wide limits.
+    scope: Option<BudgetScope>,
+    node_group: Option<String>,
 }
 
 impl Hold {
@@ -678,6 +716,15 @@ impl Hold {
             reason,
             budget: None,
             group: None,
+            scope: None,
+            node_group: None,
+        }
+    }
+
+    fn of_node_group(cause: WaitCause, reason: String, group: &groups::NodeGroup) -> Hold {
+        Hold {
+            node_group: Some(group.name.to_string()),
+            ..Hold::cluster_wide(cause, reason)
         }
     }
 }
@@ -689,6 +736,8 @@ impl From<crate::budgets::BudgetHold> for Hold {
             reason: hold.reason,
             budget: Some(hold.budget),
             group: hold.group,
+            scope: Some(hold.scope),
+            node_group: None,
         }
     }
 }
@@ -1545,6 +1594,7 @@ mod tests {
                 released: false,
                 admission_retry: None,
                 yielded: None,
+                node_group: None,
             }]
         );
     }
@@ -1605,6 +1655,7 @@ mod tests {
                     cause: WaitCause::Deleting,
                     budget: None,
                     group: None,
+                    node_group: None,
                 },
                 Waiting {
                     key: key("c"),
@@ -1612,12 +1663,14 @@ mod tests {
                     cause: WaitCause::MaxGroupsInMaintenance,
                     budget: Some("zones".to_string()),
                     group: Some("b".to_string()),
+                    node_group: None,
                 },
             ],
             maintenance_windows: None,
             blackout: None,
             budgets: Vec::new(),
             capacity: None,
+            node_groups: Vec::new(),
             next_window_opening: Some(at(60)),
             next_admission_retry: Some(at(30)),
         };
@@ -1824,6 +1877,7 @@ mod tests {
                                         error: "denied".to_string(),
                                     }),
                                     yielded: None,
+                                    node_group: None,
                                 }
                             },
                         )

@@ -15,8 +15,8 @@
 use std::fmt;
 
 use maintenance_crds::{
-    DEFAULT_CONFIG_NAME, DrainSpec, MaintenanceOperatorConfigSpec, NodeMaintenance,
-    WaitForPodCompletionSpec,
+    DEFAULT_CONFIG_NAME, DrainSpec, MaintenanceOperatorConfigSpec, NODE_GROUP_LABEL,
+    NODE_GROUP_SIZE_ANNOTATION, NodeMaintenance, WaitForPodCompletionSpec,
 };
 use regex::Regex;
 
@@ -214,6 +214,14 @@ pub fn review(request: &NodeMaintenance, review: Review<'_>) -> Verdict {
         }
     }
     warnings.extend(spec_warnings(request));
+    if let Some(problem) = group_size_problem(request) {
+        match review {
+            Review::Update { old: Some(old) } if group_size_problem(old).is_some() => {
+                warnings.push(problem)
+            }
+            _ => problems.push((DenyReason::InvalidSpec, problem)),
+        }
+    }
 
     let Some((reason, _)) = problems.first() else {
         return Verdict::Allowed { warnings };
@@ -298,6 +306,22 @@ fn spec_problems(request: &NodeMaintenance) -> Vec<SpecProblem> {
         }
     }
     out
+}
+
+/// A `group-size` annotation the scheduler cannot read would let its node group be admitted in
+/// part, as if it had none.
+fn group_size_problem(request: &NodeMaintenance) -> Option<String> {
+    let value = request
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(NODE_GROUP_SIZE_ANNOTATION)?;
+    if value.trim().parse::<u32>().is_ok_and(|size| size > 0) {
+        return None;
+    }
+    Some(format!(
+        "annotation {NODE_GROUP_SIZE_ANNOTATION} is {value:?}: it must be the number of requests in the node group (label {NODE_GROUP_LABEL}), a whole number above 0; the scheduler reads the request as if it had none"
+    ))
 }
 
 fn selector_problem(field: &'static str, selector: &str) -> Option<SpecProblem> {
@@ -645,6 +669,33 @@ mod tests {
             review(&fixed, Review::Update { old: Some(&old) }),
             Verdict::Allowed { warnings: vec![] }
         );
+    }
+
+    #[test]
+    fn a_group_size_that_is_not_a_positive_number_is_refused_and_an_old_one_warned() {
+        for bad in ["three", "0", "-2", ""] {
+            let nm = fixtures::request("fw-upgrade")
+                .namespace("team-a")
+                .node("node-1")
+                .annotation(NODE_GROUP_SIZE_ANNOTATION, bad)
+                .build();
+            let (reason, message) = denied(review(&nm, CREATE));
+            assert_eq!(reason, DenyReason::InvalidSpec);
+            assert!(
+                message.contains("NodeMaintenance team-a/fw-upgrade")
+                    && message.contains(NODE_GROUP_SIZE_ANNOTATION)
+                    && message.contains("a whole number above 0"),
+                "{message}"
+            );
+            let update = review(&nm, Review::Update { old: Some(&nm) });
+            assert!(warnings(&update)[0].contains(NODE_GROUP_SIZE_ANNOTATION));
+        }
+        let good = fixtures::request("fw-upgrade")
+            .namespace("team-a")
+            .node("node-1")
+            .annotation(NODE_GROUP_SIZE_ANNOTATION, "4")
+            .build();
+        assert!(warnings(&review(&good, CREATE)).is_empty());
     }
 
     #[test]

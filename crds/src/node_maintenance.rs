@@ -33,6 +33,13 @@ pub const ADMITTED_TIME_ANNOTATION: &str = "maintenance.nvidia.com/admitted-time
 /// (another UID) is not admitted.
 pub const ADMITTED_UID_ANNOTATION: &str = "maintenance.nvidia.com/admitted-uid";
 
+/// Requests that carry this label with the same value (in one namespace) form a node group: a
+/// rack, a switch, a DGX pod. They are admitted all together in one round or not at all (ours).
+pub const NODE_GROUP_LABEL: &str = "maintenance.nvidia.com/group";
+/// How many requests the node group of [`NODE_GROUP_LABEL`] has (ours, optional): until that many
+/// exist, the group waits, so that a requestor creating them one by one is not admitted in part.
+pub const NODE_GROUP_SIZE_ANNOTATION: &str = "maintenance.nvidia.com/group-size";
+
 /// What `spec.requestorID` must match: NVIDIA's kubebuilder pattern, verbatim.
 pub const REQUESTOR_ID_PATTERN: &str =
     r"^([a-z0-9A-Z]([-a-z0-9A-Z]*[a-z0-9A-Z])?(\.[a-z0-9A-Z]([-a-z0-9A-Z]*[a-z0-9A-Z])?)*)$";

@@ -27,6 +27,7 @@ mod fleet;
 mod force_delete;
 mod leader;
 mod lifecycle;
+mod node_groups;
 mod notifications;
 mod scheduling;
 mod security;

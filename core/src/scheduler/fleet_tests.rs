@@ -5,7 +5,7 @@ use super::legacy::legacy_schedule;
 use super::*;
 use crate::budgets::{GroupCount, GroupStatus};
 use crate::drainability::{DrainBlocker, PreferDrainable};
-use crate::fixtures::{at, time};
+use crate::fixtures::{at, time, waiting};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::{Budget, MaintenanceWindow, Phase};
@@ -66,14 +66,6 @@ fn window(schedule: &str, duration: &str, time_zone: Option<&str>) -> Maintenanc
         time_zone: time_zone.map(str::to_string),
         ..MaintenanceWindow::default()
     }
-}
-
-fn waiting<'d>(decision: &'d Decision, name: &str) -> &'d Waiting {
-    decision
-        .waiting
-        .iter()
-        .find(|w| w.key == key(name))
-        .unwrap_or_else(|| panic!("{name} is not waiting: {decision:#?}"))
 }
 
 /// Zones a (n0-n2) and b (n3-n5), all healthy.
@@ -857,6 +849,7 @@ mod properties {
                             released: false,
                             admission_retry: None,
                             yielded: None,
+                            node_group: None,
                         },
                     )
                     .collect(),
@@ -1064,18 +1057,29 @@ mod properties {
         snapshot.requests.iter().find(|r| r.key() == *key).unwrap()
     }
 
+    /// The round's decision for `case`, failing the case if what it admits breaks a rule.
+    fn decide_within_rules(case: &Case) -> Result<Decision, TestCaseError> {
+        let decision = schedule(&case.snapshot, &case.limits, at(0)).unwrap();
+        let admitted: Vec<&RequestState> = decision
+            .scheduled
+            .iter()
+            .map(|k| find(&case.snapshot, k))
+            .collect();
+        if let Err(broken) = Rules::new(case).allows(&admitted) {
+            return Err(TestCaseError::fail(format!(
+                "{broken}: {:?}",
+                decision.scheduled
+            )));
+        }
+        Ok(decision)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(3000))]
 
         #[test]
         fn no_budget_is_ever_exceeded(case in arb_case()) {
-            let decision = schedule(&case.snapshot, &case.limits, at(0)).unwrap();
-            let rules = Rules::new(&case);
-            let admitted: Vec<&RequestState> =
-                decision.scheduled.iter().map(|k| find(&case.snapshot, k)).collect();
-            if let Err(broken) = rules.allows(&admitted) {
-                prop_assert!(false, "{broken}: {:?}", decision.scheduled);
-            }
+            decide_within_rules(&case)?;
         }
 
         #[test]
@@ -1191,6 +1195,42 @@ mod properties {
                 let request = find(&case.snapshot, key);
                 if prefer.pass_over(request, now).is_none() {
                     prop_assert!(preferred.scheduled.contains(key), "{key} lost its slot");
+                }
+            }
+        }
+
+        /// Node groups (`maintenance.nvidia.com/group`) break no limit or budget, are admitted
+        /// whole or not at all, and each waiting request says why.
+        #[test]
+        fn node_groups_are_admitted_whole_and_break_no_limit(
+            case in arb_case(),
+            groups in proptest::collection::vec(proptest::option::weighted(0.6, 0..3u8), 16),
+        ) {
+            let mut case = case;
+            for (request, group) in case.snapshot.requests.iter_mut().zip(&groups) {
+                request.node_group = group.map(|g| NodeGroupLabel {
+                    name: format!("rack-{g}"),
+                    expected_size: None,
+                });
+            }
+            let decision = decide_within_rules(&case)?;
+            let mut members: BTreeMap<&str, Vec<RequestKey>> = BTreeMap::new();
+            for request in case.snapshot.requests.iter().filter(|r| r.phase == Phase::Pending && !r.deleting) {
+                if let Some(group) = &request.node_group {
+                    members.entry(group.name.as_str()).or_default().push(request.key());
+                }
+            }
+            for (group, keys) in &members {
+                let taken = keys.iter().filter(|k| decision.scheduled.contains(k)).count();
+                prop_assert!(taken == 0 || taken == keys.len(), "{group}: {taken} of {}", keys.len());
+            }
+            for waiting in &decision.waiting {
+                let request = find(&case.snapshot, &waiting.key);
+                if !request.deleting {
+                    prop_assert_eq!(
+                        waiting.node_group.as_deref(),
+                        request.node_group.as_ref().map(|g| g.name.as_str())
+                    );
                 }
             }
         }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::{
-    Blackout, Budget, MaintenanceOperatorConfigSpec, MaintenanceWindow, NodeMaintenance, Phase,
+    Blackout, Budget, MaintenanceOperatorConfigSpec, MaintenanceWindow, NODE_GROUP_LABEL,
+    NODE_GROUP_SIZE_ANNOTATION, NodeMaintenance, Phase,
 };
 use serde::{Serialize, Serializer};
 
@@ -121,6 +122,40 @@ pub struct RequestState {
     /// Pending after it gave its slot back ([`crate::yielding`]): its back-off and its place
     /// behind the requests that waited then. From the object's annotations.
     pub yielded: Option<YieldRecord>,
+    /// Its node group ([`maintenance_crds::NODE_GROUP_LABEL`]): admitted with the group's other
+    /// Pending requests in one round, or not at all.
+    pub node_group: Option<NodeGroupLabel>,
+}
+
+/// A request's node group as its label and annotation give it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGroupLabel {
+    pub name: String,
+    /// [`maintenance_crds::NODE_GROUP_SIZE_ANNOTATION`]: the group waits until it has this many
+    /// requests; `None` when absent or not a positive number (the webhook refuses those).
+    pub expected_size: Option<u32>,
+}
+
+impl NodeGroupLabel {
+    pub fn of(request: &NodeMaintenance) -> Option<NodeGroupLabel> {
+        let name = request
+            .metadata
+            .labels
+            .as_ref()?
+            .get(NODE_GROUP_LABEL)
+            .filter(|name| !name.is_empty())?;
+        let expected_size = request
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NODE_GROUP_SIZE_ANNOTATION))
+            .and_then(|size| size.trim().parse::<u32>().ok())
+            .filter(|size| *size > 0);
+        Some(NodeGroupLabel {
+            name: name.clone(),
+            expected_size,
+        })
+    }
 }
 
 impl RequestState {
@@ -145,6 +180,7 @@ impl RequestState {
             yielded: (phase == Phase::Pending)
                 .then(|| YieldRecord::of(request))
                 .flatten(),
+            node_group: NodeGroupLabel::of(request),
         }
     }
 
@@ -370,10 +406,19 @@ pub enum WaitCause {
     /// It gave its slot back because budgets blocked its drain, and waits out its back-off (the
     /// reason names what blocked it and when it may be admitted again).
     YieldBackoff,
+    /// Its node group can never be admitted together under the config's limits (the reason
+    /// names the limit and by how much the group is over it).
+    GroupCannotFit,
+    /// Its node group has fewer requests than its `group-size` annotation says; it waits for
+    /// the rest.
+    GroupIncomplete,
+    /// A node group ahead of it waits for free slots, which it keeps: requests behind it do not
+    /// take them, so the group is not starved.
+    BehindGroup,
 }
 
 impl WaitCause {
-    pub const ALL: [WaitCause; 16] = [
+    pub const ALL: [WaitCause; 19] = [
         WaitCause::Deleting,
         WaitCause::NodeInMaintenance,
         WaitCause::NodeAdmittedThisRound,
@@ -390,6 +435,9 @@ impl WaitCause {
         WaitCause::AdmissionRetry,
         WaitCause::ConfigError,
         WaitCause::YieldBackoff,
+        WaitCause::GroupCannotFit,
+        WaitCause::GroupIncomplete,
+        WaitCause::BehindGroup,
     ];
 
     /// As in `plan -o json` and the `cause` label of the waiting-requests metric.
@@ -411,6 +459,9 @@ impl WaitCause {
             WaitCause::AdmissionRetry => "admissionRetry",
             WaitCause::ConfigError => "configError",
             WaitCause::YieldBackoff => "yieldBackoff",
+            WaitCause::GroupCannotFit => "groupCannotFit",
+            WaitCause::GroupIncomplete => "groupIncomplete",
+            WaitCause::BehindGroup => "behindGroup",
         }
     }
 }
@@ -429,6 +480,9 @@ pub struct Waiting {
     /// The budget's group (the node's `groupByLabel` value) that holds it back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// The request's node group ([`maintenance_crds::NODE_GROUP_LABEL`]), which waits with it.
+    #[serde(rename = "nodeGroup", skip_serializing_if = "Option::is_none")]
+    pub node_group: Option<String>,
 }
 
 /// `2`, or `15% (2 of 10 nodes)` for a percentage.

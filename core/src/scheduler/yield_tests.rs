@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::fixtures::at;
+use crate::fixtures::{admitted, at, waiting};
 use crate::yielding::YieldRecord;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use maintenance_crds::Phase;
@@ -42,18 +42,6 @@ fn yielded_a(count: u32) -> Vec<RequestState> {
         RequestState::for_test("b", "node-b", Phase::Pending, 50),
         RequestState::for_test("c", "node-c", Phase::Pending, 150),
     ]
-}
-
-fn admitted(decision: &Decision) -> Vec<&str> {
-    decision.scheduled.iter().map(|k| k.name.as_str()).collect()
-}
-
-fn waiting<'d>(decision: &'d Decision, name: &str) -> &'d Waiting {
-    decision
-        .waiting
-        .iter()
-        .find(|w| w.key.name == name)
-        .expect("it waits")
 }
 
 #[test]
