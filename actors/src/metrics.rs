@@ -174,6 +174,8 @@ pub struct SchedulerMetrics {
     pub node_groups_waiting: IntGauge,
     /// Node groups admitted, each whole in one round.
     pub node_groups_admitted_total: IntCounter,
+    /// Nodes carrying the autoscaler annotations our cordon added, at the last round.
+    pub nodes_protected_from_autoscalers: IntGauge,
 }
 
 impl SchedulerMetrics {
@@ -189,6 +191,7 @@ impl SchedulerMetrics {
             Box::new(self.config_invalid.clone()),
             Box::new(self.node_groups_waiting.clone()),
             Box::new(self.node_groups_admitted_total.clone()),
+            Box::new(self.nodes_protected_from_autoscalers.clone()),
         ]
     }
 
@@ -243,6 +246,10 @@ impl SchedulerMetrics {
             node_groups_admitted_total: IntCounter::with_opts(opts(
                 "node_groups_admitted_total",
                 "Node groups admitted, all their Pending requests together in one round",
+            ))?,
+            nodes_protected_from_autoscalers: IntGauge::with_opts(opts(
+                "nodes_protected_from_autoscalers",
+                "Nodes carrying the cluster-autoscaler and Karpenter annotations our cordon added (admission.protectFromAutoscalers), at the last round",
             ))?,
         })
     }
@@ -781,14 +788,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 37, "{names:?}");
+        assert_eq!(names.len(), 38, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 37, "{names:?}");
+        assert_eq!(names.len(), 38, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()

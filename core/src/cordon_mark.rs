@@ -194,6 +194,15 @@ pub fn cordon_mark(node: &Node) -> Option<CordonMark> {
     })
 }
 
+/// How many of `nodes` carry autoscaler annotations our cordon added: the nodes kept from
+/// cluster-autoscaler and Karpenter now (the `nodes_protected_from_autoscalers` gauge).
+pub fn protected_from_autoscalers<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> usize {
+    nodes
+        .into_iter()
+        .filter(|node| !autoscaler_annotations_added(node.metadata.annotations.as_ref()).is_empty())
+        .count()
+}
+
 /// The marks of requests that nothing of ours holds any more: `in_progress` says whether a UID
 /// has a request actor running (or one that ended: it removed the mark, and a cache that shows it is
 /// behind), an admission on its way, or a request the cache shows that needs an actor
@@ -273,6 +282,32 @@ mod tests {
     use super::*;
     use crate::fixtures;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn nodes_count_as_protected_while_they_carry_annotations_our_cordon_added() {
+        let plain = fixtures::node("a").build();
+        let cordoned = patched(
+            &fixtures::node("b").build(),
+            &cordon_patch(&request(), &AUTOSCALER_ANNOTATIONS),
+        );
+        // Someone else's annotation, not ours: not counted.
+        let theirs = fixtures::node("c")
+            .annotation(SCALE_DOWN_DISABLED_ANNOTATION, "true")
+            .build();
+        let unprotected = patched(&fixtures::node("d").build(), &cordon_patch(&request(), &[]));
+        assert_eq!(
+            protected_from_autoscalers([&plain, &cordoned, &theirs, &unprotected]),
+            1
+        );
+        let released = patched(
+            &cordoned,
+            &uncordon_patch(
+                None,
+                &autoscaler_annotations_added(cordoned.metadata.annotations.as_ref()),
+            ),
+        );
+        assert_eq!(protected_from_autoscalers([&released]), 0);
+    }
 
     fn request() -> NodeMaintenance {
         fixtures::request("m")

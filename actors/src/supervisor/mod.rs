@@ -369,6 +369,12 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     collect_garbage(myself, state, &requests, &cache, &policy, now).await;
     let snapshot = snapshot(myself, state, &requests, &nodes, &cache);
     ctx.metrics.count_phases(requests.iter().map(|r| r.phase()));
+    ctx.metrics.scheduler.nodes_protected_from_autoscalers.set(
+        i64::try_from(cordon_mark::protected_from_autoscalers(
+            nodes.iter().map(|n| n.as_ref()),
+        ))
+        .unwrap_or(i64::MAX),
+    );
     let limits = Limits::from_config(config.as_ref());
     let (prefer, capacity) = observe_for_admission(
         state,
