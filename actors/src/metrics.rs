@@ -462,14 +462,10 @@ impl Metrics {
             .collect();
         self.set_budgets(&samples);
         self.set_waiting(decision.waiting.iter().map(|w| w.cause));
-        let (admitted, waiting): (Vec<_>, Vec<_>) =
-            decision.node_groups.iter().partition(|g| g.admitted);
+        let waiting = decision.node_groups.iter().filter(|g| !g.admitted).count();
         self.scheduler
             .node_groups_waiting
-            .set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
-        self.scheduler
-            .node_groups_admitted_total
-            .inc_by(u64::try_from(admitted.len()).unwrap_or(u64::MAX));
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
     /// The requests gauge: how many requests the cache shows in each phase (0 for the others).

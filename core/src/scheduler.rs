@@ -81,8 +81,9 @@ pub struct Decision {
     /// blackout: a round is due then.
     #[serde(skip)]
     pub next_window_opening: Option<jiff::Timestamp>,
-    /// The earliest retry of a request that waits for [`WaitCause::AdmissionRetry`], or end of a
-    /// back-off of one that waits for [`WaitCause::YieldBackoff`]: a round is due then.
+    /// The earliest retry of a request that waits for [`WaitCause::AdmissionRetry`], end of a
+    /// back-off of one that waits for [`WaitCause::YieldBackoff`], or end of the gathering of a
+    /// node group that waits for [`WaitCause::GroupIncomplete`]: a round is due then.
     #[serde(skip)]
     pub next_admission_retry: Option<jiff::Timestamp>,
 }
@@ -309,6 +310,10 @@ pub fn schedule_observed(
             let due = match hold.as_ref().map(|hold| hold.cause) {
                 Some(WaitCause::AdmissionRetry) => request.admission_retry.as_ref().map(|r| r.at),
                 Some(WaitCause::YieldBackoff) => round.readmit_at(request),
+                Some(WaitCause::GroupIncomplete) => groups
+                    .of_request(request)
+                    .and_then(|group| round.gathering(group))
+                    .map(|(_, until)| until),
                 _ => None,
             };
             if let Some(due) = due {
@@ -357,6 +362,26 @@ pub fn schedule_observed(
             .min(),
         next_admission_retry,
     })
+}
+
+/// The admissions of `decision` to send now: each admitted request, but those of a node group
+/// only if every one of the group can be sent (`can_send`: no write of ours to it in flight or
+/// unseen), so that no part of a group is admitted while the rest waits for a later round.
+pub fn admissions_to_send(
+    decision: &Decision,
+    can_send: impl Fn(&RequestKey) -> bool,
+) -> Vec<&RequestKey> {
+    let held: HashSet<&RequestKey> = decision
+        .node_groups
+        .iter()
+        .filter(|group| group.admitted && !group.requests.iter().all(&can_send))
+        .flat_map(|group| &group.requests)
+        .collect();
+    decision
+        .scheduled
+        .iter()
+        .filter(|key| !held.contains(key))
+        .collect()
 }
 
 /// One round of [`schedule_observed`]: the cluster as it stands before the round (limits

@@ -433,12 +433,18 @@ impl Tracker {
     /// guarded by the version the cache shows would only conflict), nor while its last attempt
     /// is stale or another is in flight: it keeps its place without a write.
     pub fn begin_admission(&mut self, uid: &str, attempted: Option<&str>) -> bool {
-        let tracked = self.entry(uid);
-        if tracked.write.is_some() || tracked.admission != Admission::None {
+        if !self.can_begin_admission(uid) {
             return false;
         }
-        tracked.admission = Admission::Admitting(attempted.map(str::to_string));
+        self.entry(uid).admission = Admission::Admitting(attempted.map(str::to_string));
         true
+    }
+
+    /// Whether [`Tracker::begin_admission`] would send the admission of `uid` now.
+    pub fn can_begin_admission(&self, uid: &str) -> bool {
+        self.requests
+            .get(uid)
+            .is_none_or(|t| t.write.is_none() && t.admission == Admission::None)
     }
 
     /// The admission of `uid` was answered at `now`. Returns the retry it now waits for, if it

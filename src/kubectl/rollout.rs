@@ -7,7 +7,7 @@
 //! any way picks up where it was when run again. The marks are removed when the rollout
 //! completes, so that the same command later is a new rollout.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, conditions, wait::await_condition, watcher};
 use kube::{Client, ResourceExt};
-use maintenance_crds::NodeMaintenance;
+use maintenance_crds::{NODE_GROUP_LABEL, NODE_GROUP_SIZE_ANNOTATION, NodeMaintenance};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -42,6 +42,11 @@ How it goes, for every node the selector matches:
      uncordons the node, and the rollout counts it when the request is gone.
   Without --exec, each node is released as soon as it is Ready.
 
+With --group-by-label LABEL, the nodes with one value of LABEL (a rack, a switch) form a node
+group: their requests are created together, labelled maintenance.nvidia.com/group=<value> with
+the group's size, and the operator admits them all at once or not at all. Each node is then
+run and released on its own. Nodes without the label are maintained one by one.
+
 When CMD fails, the rollout stops: that node keeps its request (it stays cordoned), requests
 not yet worked on are deleted, and the message says how to release or resume.
 
@@ -55,7 +60,9 @@ Examples:
   kubectl maintenance rollout --selector pool=gpu --requestor fw.example.com --drain --force \\
       --exec 'ssh \"$NODE\" sudo /opt/fw/flash && ssh \"$NODE\" sudo reboot'
   kubectl maintenance rollout -l type=kwok --requestor demo.example.com --drain --force \\
-      --exec 'sleep 1' --max-in-flight 20";
+      --exec 'sleep 1' --max-in-flight 20
+  kubectl maintenance rollout -l pool=gpu --requestor fw.example.com --drain --force \\
+      --group-by-label topology.example.com/rack --exec 'sleep 1'";
 
 /// Requests created at the same time, at most.
 const CREATE_CONCURRENCY: usize = 16;
@@ -87,6 +94,12 @@ pub struct RolloutArgs {
     #[arg(long)]
     pub restart: bool,
 
+    /// Maintain the nodes with one value of this node label together (a rack, a switch): their
+    /// requests are created at once as a node group (label maintenance.nvidia.com/group, with
+    /// the group's size), which the operator admits whole or not at all.
+    #[arg(long, value_name = "LABEL")]
+    pub group_by_label: Option<String>,
+
     #[command(flatten)]
     pub flags: MaintenanceFlags,
 }
@@ -115,6 +128,8 @@ enum State {
 struct Track {
     node: String,
     request: String,
+    /// The node's value of --group-by-label: its node group.
+    group: Option<String>,
     state: State,
     /// The request was seen on the cluster (so its disappearance means a deletion).
     seen: bool,
@@ -276,7 +291,8 @@ impl Rollout {
         self.stall_hinted = false;
     }
 
-    /// Creates requests while there is room.
+    /// Creates requests while there is room, in node order; a node group's all at once, so that
+    /// the operator sees the group whole.
     fn fill(&mut self) {
         if self.stopping {
             return;
@@ -284,29 +300,84 @@ impl Rollout {
         let limit = self.args.max_in_flight.map_or(usize::MAX, |n| n as usize);
         let mut room = limit.saturating_sub(self.in_flight());
         for index in 0..self.tracks.len() {
-            if room == 0 {
-                break;
-            }
             if self.tracks[index].state != State::Queued {
                 continue;
             }
-            room -= 1;
-            self.set_state(index, State::Creating);
-            let track = &self.tracks[index];
-            let mut nm = NodeMaintenance::new(
-                &track.request,
-                self.args.flags.spec(&track.node, &self.args.requestor, &[]),
-            );
-            nm.metadata.labels = Some(
-                [(ROLLOUT_LABEL.to_string(), self.label.clone())]
-                    .into_iter()
-                    .collect(),
-            );
-            let api = self.requests_api.clone();
-            let slots = self.create_slots.clone();
-            self.tasks
-                .spawn(async move { TaskResult::Created(index, create(api, nm, slots).await) });
+            let batch = match self.tracks[index].group.clone() {
+                None => vec![index],
+                Some(group) => self.queued_in_group(&group),
+            };
+            if batch.len() > room {
+                break;
+            }
+            room -= batch.len();
+            for &member in &batch {
+                self.set_state(member, State::Creating);
+            }
+            // The requests of the group that exist or are being created: what the operator
+            // waits for before it admits the group.
+            let size = self.tracks[index].group.as_ref().map(|group| {
+                self.tracks
+                    .iter()
+                    .filter(|t| {
+                        t.group.as_ref() == Some(group)
+                            && matches!(
+                                t.state,
+                                State::Creating | State::Requested | State::Running
+                            )
+                    })
+                    .count()
+            });
+            for member in batch {
+                self.spawn_create(member, size);
+            }
         }
+    }
+
+    /// The queued nodes of node group `group`, in order.
+    fn queued_in_group(&self, group: &str) -> Vec<usize> {
+        (0..self.tracks.len())
+            .filter(|&i| {
+                self.tracks[i].state == State::Queued
+                    && self.tracks[i].group.as_deref() == Some(group)
+            })
+            .collect()
+    }
+
+    /// Creates the request of track `index`, in its node group of `group_size` if it has one.
+    fn spawn_create(&mut self, index: usize, group_size: Option<usize>) {
+        let track = &self.tracks[index];
+        let mut nm = NodeMaintenance::new(
+            &track.request,
+            self.args.flags.spec(&track.node, &self.args.requestor, &[]),
+        );
+        let mut labels = BTreeMap::from([(ROLLOUT_LABEL.to_string(), self.label.clone())]);
+        if let (Some(group), Some(size)) = (&track.group, group_size) {
+            labels.insert(NODE_GROUP_LABEL.to_string(), group.clone());
+            nm.metadata.annotations = Some(BTreeMap::from([(
+                NODE_GROUP_SIZE_ANNOTATION.to_string(),
+                size.to_string(),
+            )]));
+        }
+        nm.metadata.labels = Some(labels);
+        let api = self.requests_api.clone();
+        let slots = self.create_slots.clone();
+        self.tasks
+            .spawn(async move { TaskResult::Created(index, create(api, nm, slots).await) });
+    }
+
+    /// The largest node group still to request, and its size.
+    fn largest_group(&self) -> Option<(String, usize)> {
+        let mut sizes: BTreeMap<&str, usize> = BTreeMap::new();
+        for track in self.tracks.iter().filter(|t| t.state == State::Queued) {
+            if let Some(group) = &track.group {
+                *sizes.entry(group).or_default() += 1;
+            }
+        }
+        sizes
+            .into_iter()
+            .max_by_key(|(_, size)| *size)
+            .map(|(group, size)| (group.to_string(), size))
     }
 
     fn start_release(&mut self, index: usize) {
@@ -652,6 +723,14 @@ pub async fn run(global: &GlobalArgs, args: RolloutArgs) -> anyhow::Result<Outco
         args,
     };
     let picked_up = rollout.add_tracks(&nodes, &existing, &prefix, now);
+    if let (Some(max), Some((group, size))) = (rollout.args.max_in_flight, rollout.largest_group())
+        && size > max as usize
+    {
+        bail!(
+            "node group {group:?} has {size} nodes to maintain, more than --max-in-flight {max}: \
+             a group's requests are created together; raise --max-in-flight or drop --group-by-label"
+        );
+    }
     rollout.announce(picked_up);
     rollout.start();
 
@@ -737,10 +816,17 @@ impl Rollout {
                 }
                 _ => State::Queued,
             };
+            let group = self
+                .args
+                .group_by_label
+                .as_ref()
+                .and_then(|label| node.labels().get(label))
+                .cloned();
             self.by_request.insert(request.clone(), self.tracks.len());
             self.tracks.push(Track {
                 node: name,
                 request,
+                group,
                 seen: existing.is_some(),
                 view: existing.map(RequestView::of),
                 state,
@@ -760,9 +846,23 @@ impl Rollout {
             Some(n) => format!("at most {n} at a time, within the operator's limits"),
             None => "the operator's limits set the pace".to_string(),
         };
+        let groups = match &self.args.group_by_label {
+            Some(label) => {
+                let groups: BTreeSet<&str> = self
+                    .tracks
+                    .iter()
+                    .filter_map(|t| t.group.as_deref())
+                    .collect();
+                format!(
+                    " in {} by label {label}, each admitted together;",
+                    plural(groups.len(), "node group", "node groups")
+                )
+            }
+            None => String::new(),
+        };
         self.board.line(&format!(
             "Rollout of {} nodes (selector {}) for {} in namespace {}: {} already done, {} picked \
-             up, {to_request} to request; {pace}.",
+             up, {to_request} to request;{groups} {pace}.",
             self.tracks.len(),
             self.args.selector,
             self.args.requestor,

@@ -669,6 +669,78 @@ async fn rollout_runs_the_command_on_every_node_and_releases_them() -> Result<()
     monitor.held().await
 }
 
+/// `--group-by-label`: the nodes of a rack are requested together as a node group, each request
+/// labelled with the group and carrying its size (read back by the command while it is Ready).
+#[tokio::test]
+async fn rollout_by_rack_requests_each_rack_as_a_node_group() -> Result<()> {
+    const RACK: &str = "topology.example.com/rack";
+    let _turn = OPERATOR_TURN.lock().await;
+    let testbed = cluster().await?;
+    let _operator = Operator::start(testbed, &[]).await?;
+    let (client, ns, prefix, nodes) = pool(testbed, "krack").await?;
+    for (i, node) in nodes.iter().enumerate() {
+        let rack = if i < 2 { "r1" } else { "r2" };
+        set_node_label(&client, node, RACK, Some(rack)).await?;
+    }
+    let monitor = InvariantMonitor::start(testbed, Scope::new(&ns, &nodes)).await?;
+    let dir = tempfile::tempdir()?;
+    let seen = dir.path().join("seen");
+    let exec = format!(
+        "kubectl --kubeconfig '{}' -n {ns} get nodemaintenance \"${{NODE_MAINTENANCE#*/}}\" \
+         -o jsonpath='{{.spec.nodeName}} {{.metadata.labels.maintenance\\.nvidia\\.com/group}} \
+         {{.metadata.annotations.maintenance\\.nvidia\\.com/group-size}}{{\"\\n\"}}' >> '{}'",
+        testbed.kubeconfig_path().display(),
+        seen.display()
+    );
+    let output = plugin(
+        Some(testbed.kubeconfig_path()),
+        &[
+            "rollout",
+            "--selector",
+            &format!("pool={prefix}"),
+            "--requestor",
+            "racks.example.com",
+            "--group-by-label",
+            RACK,
+            "--drain",
+            "--force",
+            "--exec",
+            &exec,
+            "-n",
+            &ns,
+        ],
+    )
+    .await?;
+    assert!(output.status.success(), "{}", describe(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains(
+            "in 2 node groups by label topology.example.com/rack, each admitted together"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("Rollout complete: 4 of 4 nodes done"),
+        "{text}"
+    );
+    let mut lines: Vec<String> = std::fs::read_to_string(&seen)?
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    lines.sort();
+    let mut expected: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| format!("{node} {} 2", if i < 2 { "r1" } else { "r2" }))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        lines, expected,
+        "each request in its rack's node group of 2"
+    );
+    monitor.held().await
+}
+
 #[tokio::test]
 async fn a_failing_command_stops_the_rollout_and_a_rerun_resumes_it() -> Result<()> {
     let _turn = OPERATOR_TURN.lock().await;

@@ -181,12 +181,16 @@ async fn the_cordon_keeps_the_autoscalers_off_until_the_release() -> Result<()> 
     );
     // The gauge counts them (other tests of the shared operator may add theirs).
     let operator = &shared_cluster().await?.operator;
-    wait_for("nodes_protected_from_autoscalers to count both", WAIT, || async {
-        let protected = operator
-            .metric("maintenance_operator_nodes_protected_from_autoscalers")
-            .await?;
-        Ok((protected >= 2.0).then_some(()))
-    })
+    wait_for(
+        "nodes_protected_from_autoscalers to count both",
+        WAIT,
+        || async {
+            let protected = operator
+                .metric("maintenance_operator_nodes_protected_from_autoscalers")
+                .await?;
+            Ok((protected >= 2.0).then_some(()))
+        },
+    )
     .await?;
 
     for name in ["plain", "kept"] {

@@ -609,7 +609,27 @@ fn execute(
         now,
         || SupervisorMsg::AdmissionRetryDue,
     );
-    for key in &decision.scheduled {
+    let uid_of = |key: &RequestKey| {
+        cache
+            .request_named(&key.namespace, &key.name)
+            .and_then(|r| r.metadata.uid.clone())
+    };
+    let to_send: Vec<RequestKey> = scheduler::admissions_to_send(&decision, |key| {
+        uid_of(key).is_some_and(|uid| state.tracker.can_begin_admission(&uid))
+    })
+    .into_iter()
+    .cloned()
+    .collect();
+    let groups_sent = decision
+        .node_groups
+        .iter()
+        .filter(|g| g.admitted && g.requests.first().is_some_and(|k| to_send.contains(k)))
+        .count();
+    ctx.metrics
+        .scheduler
+        .node_groups_admitted_total
+        .inc_by(u64::try_from(groups_sent).unwrap_or(u64::MAX));
+    for key in &to_send {
         let Some(request) = cache.request_named(&key.namespace, &key.name) else {
             continue;
         };

@@ -16,7 +16,12 @@ use serde::Serialize;
 use super::{Hold, Round, count};
 use crate::budgets::{BudgetScope, Covering};
 use crate::capacity::CapacityPool;
-use crate::scheduler::model::{RequestState, Snapshot, WaitCause, nodes_are};
+use crate::scheduler::model::{RequestKey, RequestState, Snapshot, WaitCause, nodes_are};
+
+/// How long a node group waits for the requests its `group-size` annotation announces, from its
+/// oldest Pending request's creation. Requestors create a group's requests within seconds; a
+/// minute covers a slow one, and bounds the wait of a group that lost a request.
+pub const GROUP_GATHERING: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The Pending requests of one node group, as a round sees them.
 pub(super) struct NodeGroup<'s> {
@@ -26,8 +31,14 @@ pub(super) struct NodeGroup<'s> {
     pub(super) members: Vec<&'s RequestState>,
     /// Its requests in any phase that still hold or wait for a node.
     existing: u32,
+    /// Some of its requests are past Pending: the group has started, and its Pending rest (an
+    /// admission that failed, a yield) waits for no one.
+    started: bool,
     /// The largest `group-size` its requests announce.
     expected_size: Option<u32>,
+    /// When its oldest Pending request was created: the group waits for its missing requests
+    /// [`GROUP_GATHERING`] from then at most.
+    oldest: Option<jiff::Timestamp>,
 }
 
 impl NodeGroup<'_> {
@@ -44,6 +55,7 @@ impl NodeGroup<'_> {
             namespace: self.namespace.to_string(),
             name: self.name.to_string(),
             pending: count(self.members.len()),
+            requests: self.members.iter().map(|m| m.key()).collect(),
             expected_size: self.expected_size,
             admitted,
             cause,
@@ -76,16 +88,22 @@ impl<'s> NodeGroups<'s> {
                     namespace,
                     members: Vec::new(),
                     existing: 0,
+                    started: false,
                     expected_size: None,
+                    oldest: None,
                 })
                 .members
                 .push(request);
+        }
+        for group in by_key.values_mut() {
+            group.oldest = group.members.iter().filter_map(|m| m.created).min();
         }
         for request in snapshot.requests.iter().filter(|r| !r.released) {
             let Some(group) = key(request).and_then(|k| by_key.get_mut(&k)) else {
                 continue;
             };
             group.existing += 1;
+            group.started |= !request.is_pending();
             let announced = request.node_group.as_ref().and_then(|g| g.expected_size);
             group.expected_size = group.expected_size.max(announced);
         }
@@ -111,6 +129,8 @@ pub struct NodeGroupStatus {
     pub name: String,
     /// Its Pending requests this round.
     pub pending: u32,
+    /// Those requests, in admission order: what is admitted together.
+    pub requests: Vec<RequestKey>,
     /// What its `group-size` annotation announces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expected_size: Option<u32>,
@@ -172,9 +192,9 @@ impl<'s> Round<'s> {
                 })
                 .collect()
         };
-        if let Some(expected) = group.expected_size.filter(|e| group.existing < *e) {
+        if let Some((expected, until)) = self.gathering(group) {
             let reason = format!(
-                "node group {:?} has {} of the {expected} requests its {NODE_GROUP_SIZE_ANNOTATION} annotation announces; it waits for the other {}",
+                "node group {:?} has {} of the {expected} requests its {NODE_GROUP_SIZE_ANNOTATION} annotation announces; it waits for the other {} until {until:.0} at most, then goes without them",
                 group.name,
                 group.existing,
                 expected - group.existing
@@ -234,6 +254,23 @@ impl<'s> Round<'s> {
         }
         let admitted = group.members.iter().map(|m| (*m, None)).collect();
         (admitted, group.status(true, None))
+    }
+
+    /// While `group` waits for the requests its `group-size` announces: how many, and until
+    /// when. Only before any of it is admitted (the rest of a started group waits for no one), and
+    /// for [`GROUP_GATHERING`] at most, so that a request that never comes (or one of the group
+    /// already done and gone) cannot hold the others for ever.
+    pub(super) fn gathering(&self, group: &NodeGroup<'s>) -> Option<(u32, jiff::Timestamp)> {
+        let expected = group.expected_size.filter(|e| group.existing < *e)?;
+        if group.started {
+            return None;
+        }
+        let until = group
+            .oldest
+            .unwrap_or(self.now)
+            .checked_add(jiff::SignedDuration::try_from(GROUP_GATHERING).ok()?)
+            .ok()?;
+        (self.now < until).then_some((expected, until))
     }
 
     /// Why `group` cannot be admitted together under any state of the cluster: a limit smaller

@@ -252,16 +252,53 @@ fn a_group_waits_for_the_requests_its_size_annotation_announces() {
         r.node_group.as_mut().expect("grouped").expected_size = Some(3);
     }
     let snap = snapshot(requests.clone(), &[]);
-    let decision = schedule(&snap, &limits(5), at(100)).expect("a decision");
+    let decision = schedule(&snap, &limits(5), at(30)).expect("a decision");
     assert!(admitted(&decision).is_empty());
     let w = waiting(&decision, "g1");
     assert_eq!(w.cause, WaitCause::GroupIncomplete);
     assert!(w.reason.contains("has 2 of the 3 requests"), "{}", w.reason);
+    // The gathering ends a minute after the oldest request: a round is due then.
+    assert!(
+        w.reason.contains(&format!("until {:.0}", at(60))),
+        "{}",
+        w.reason
+    );
+    assert_eq!(decision.next_admission_retry, Some(at(60)));
 
     requests.push(pending("g3", Some("rack-a"), 5));
     let snap = snapshot(requests, &[]);
-    let decision = schedule(&snap, &limits(5), at(100)).expect("a decision");
+    let decision = schedule(&snap, &limits(5), at(31)).expect("a decision");
     assert_eq!(admitted(&decision), ["g1", "g2", "g3"]);
+}
+
+#[test]
+fn a_group_that_lacks_requests_goes_without_them_once_its_gathering_ends() {
+    let mut requests = rack(&["g1", "g2"], 0);
+    for r in &mut requests {
+        r.node_group.as_mut().expect("grouped").expected_size = Some(3);
+    }
+    let snap = snapshot(requests, &[]);
+    let decision = schedule(&snap, &limits(5), at(59)).expect("a decision");
+    assert!(admitted(&decision).is_empty());
+    let decision = schedule(&snap, &limits(5), at(60)).expect("a decision");
+    assert_eq!(admitted(&decision), ["g1", "g2"]);
+}
+
+#[test]
+fn the_pending_rest_of_a_started_group_waits_for_no_one() {
+    // g1 was admitted with the group; g2's admission failed and it is Pending again. When g1 is
+    // done and gone, g2 is still admitted: it does not wait for a third request for ever.
+    let mut requests = rack(&["g1", "g2"], 0);
+    requests[0].phase = Phase::Draining;
+    for r in &mut requests {
+        r.node_group.as_mut().expect("grouped").expected_size = Some(2);
+    }
+    let snap = snapshot(requests.clone(), &[]);
+    let decision = schedule(&snap, &limits(5), at(1)).expect("a decision");
+    assert_eq!(admitted(&decision), ["g2"]);
+    let snap = snapshot(requests[1..].to_vec(), &[]);
+    let decision = schedule(&snap, &limits(5), at(70)).expect("a decision");
+    assert_eq!(admitted(&decision), ["g2"]);
 }
 
 #[test]
@@ -326,9 +363,30 @@ fn a_node_group_is_in_the_plan_json() {
         json["nodeGroups"],
         serde_json::json!([{
             "namespace": "team", "name": "rack-a", "pending": 2,
+            "requests": ["team/g1", "team/g2"],
             "admitted": false, "cause": "maxParallelOperations"
         }])
     );
     assert_eq!(json["waiting"][0]["nodeGroup"], "rack-a");
     assert_eq!(json["waiting"][0]["cause"], "maxParallelOperations");
+}
+
+#[test]
+fn a_group_is_sent_whole_or_not_at_all() {
+    let mut requests = rack(&["g1", "g2"], 0);
+    requests.push(pending("s", None, 10));
+    let snap = snapshot(requests, &[]);
+    let decision = schedule(&snap, &limits(5), at(100)).expect("a decision");
+    assert_eq!(admitted(&decision), ["g1", "g2", "s"]);
+    let names =
+        |keys: Vec<&RequestKey>| -> Vec<String> { keys.iter().map(|k| k.name.clone()).collect() };
+    assert_eq!(
+        names(admissions_to_send(&decision, |_| true)),
+        ["g1", "g2", "s"]
+    );
+    // A write of ours to g2 is not seen yet: neither g1 nor g2 is sent this round.
+    assert_eq!(
+        names(admissions_to_send(&decision, |k| k.name != "g2")),
+        ["s"]
+    );
 }
