@@ -290,6 +290,10 @@ pub struct Limits {
     /// `admission.yieldBlockedDrainAfterSeconds`: the base of a yielded request's back-off;
     /// `None`: no yields, and a request that yielded before waits for nothing more.
     pub yield_blocked_drain_after: Option<Duration>,
+    /// `admission.gates`: the gate that holds every admission, over what the shell last observed
+    /// ([`crate::gates::hold`]); `None`: no gates, or all open. From a config alone, a gate
+    /// not asked yet holds (fail closed).
+    pub gate_hold: Option<crate::gates::GateHold>,
 }
 
 impl Limits {
@@ -303,6 +307,7 @@ impl Limits {
                 maintenance_windows: spec.maintenance_windows().to_vec(),
                 blackouts: spec.blackouts().to_vec(),
                 yield_blocked_drain_after: spec.yield_blocked_drain_after(),
+                gate_hold: crate::gates::hold(spec.gates(), &[]),
             },
             None => Limits {
                 max_parallel_operations: MaintenanceOperatorConfigSpec::default()
@@ -348,6 +353,9 @@ pub enum WaitCause {
     MaintenanceWindows,
     /// A blackout (`blackouts`) holds every admission; the reason names it and its end.
     Blackout,
+    /// An alert gate (`admission.gates`) holds every admission: its query returned series, or
+    /// it could not be asked; the reason names the gate and what it returned.
+    Gate,
     MaxParallelOperations,
     MaxUnavailable,
     MaxGroupsInMaintenance,
@@ -373,13 +381,14 @@ pub enum WaitCause {
 }
 
 impl WaitCause {
-    pub const ALL: [WaitCause; 16] = [
+    pub const ALL: [WaitCause; 17] = [
         WaitCause::Deleting,
         WaitCause::NodeInMaintenance,
         WaitCause::NodeAdmittedThisRound,
         WaitCause::NodeNotFound,
         WaitCause::MaintenanceWindows,
         WaitCause::Blackout,
+        WaitCause::Gate,
         WaitCause::MaxParallelOperations,
         WaitCause::MaxUnavailable,
         WaitCause::MaxGroupsInMaintenance,
@@ -401,6 +410,7 @@ impl WaitCause {
             WaitCause::NodeNotFound => "nodeNotFound",
             WaitCause::MaintenanceWindows => "maintenanceWindows",
             WaitCause::Blackout => "blackout",
+            WaitCause::Gate => "gate",
             WaitCause::MaxParallelOperations => "maxParallelOperations",
             WaitCause::MaxUnavailable => "maxUnavailable",
             WaitCause::MaxGroupsInMaintenance => "maxGroupsInMaintenance",
