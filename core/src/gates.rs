@@ -15,11 +15,12 @@ use maintenance_crds::Gate;
 /// Series shown in a message; the rest are counted.
 pub const SHOWN_SERIES: usize = 3;
 /// How old a gate's last answer may be before the shell asks again (at the next round, or at the
-/// poll while requests are Pending).
-pub const REFRESH_AFTER: Duration = Duration::from_secs(5);
+/// poll while requests are Pending): a Prometheus is asked at most this often per gate. Shorter
+/// than [`POLL_WHILE_PENDING`], so that each poll asks again.
+pub const REFRESH_AFTER: Duration = Duration::from_secs(3);
 /// While requests are Pending and gates are set, a round runs this often, so that a gate that
 /// stops firing admits soon.
-pub const POLL_WHILE_PENDING: Duration = Duration::from_secs(10);
+pub const POLL_WHILE_PENDING: Duration = Duration::from_secs(5);
 
 /// One series of a query's answer: its metric name (if any) and labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -555,8 +556,9 @@ mod tests {
         let mut last = observed("a", Ok(vec![]));
         last.at = at(100);
         assert!(is_due(None, at(100)));
-        assert!(!is_due(Some(&last), at(104)));
-        assert!(is_due(Some(&last), at(105)));
+        assert!(!is_due(Some(&last), at(102)));
+        assert!(is_due(Some(&last), at(103)));
+        assert!(REFRESH_AFTER < POLL_WHILE_PENDING, "each poll asks again");
         assert!(last.is_open());
         assert!(!observed("a", Err(GateProblem::TimedOut(Duration::from_secs(10)))).is_open());
     }

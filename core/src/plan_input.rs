@@ -18,6 +18,7 @@ use serde_json::{Map, Value};
 
 use crate::capacity::{CapacityCheck, CapacityObserver};
 use crate::drainability::{PreferDrainable, blocked_requests};
+use crate::gates::GateObservation;
 use crate::scheduler::{Decision, Limits, ScheduleError, Snapshot, schedule_observed};
 
 /// Where a NodeMaintenance without `metadata.namespace` would land with `kubectl apply`.
@@ -397,7 +398,7 @@ pub fn plan_objects(
     operator_namespace: &str,
     now: jiff::Timestamp,
 ) -> Result<PlanReport, ScheduleError> {
-    plan_objects_with(nodes, requests, config, None, operator_namespace, now)
+    plan_objects_with(nodes, requests, config, None, None, operator_namespace, now)
 }
 
 /// The pods and the PodDisruptionBudgets that `preferDrainable` (the pods of the nodes of Pending
@@ -407,12 +408,14 @@ pub struct DrainObservations<'a> {
     pub pdbs: &'a [PodDisruptionBudget],
 }
 
-/// [`plan_objects`] with what `preferDrainable` needs; `None`: not read (then the plan says so).
+/// [`plan_objects`] with what `preferDrainable` needs and what the alert gates answered; `None`:
+/// not read, not asked (then the plan says so).
 pub fn plan_objects_with(
     nodes: &[Node],
     requests: &[NodeMaintenance],
     config: Option<&MaintenanceOperatorConfigSpec>,
     observed: Option<DrainObservations<'_>>,
+    gates: Option<&[GateObservation]>,
     operator_namespace: &str,
     now: jiff::Timestamp,
 ) -> Result<PlanReport, ScheduleError> {
@@ -456,13 +459,18 @@ pub fn plan_objects_with(
             ),
         }
     }
-    let decision = schedule_observed(
-        &snapshot,
-        &Limits::from_config(config),
-        &prefer,
-        &capacity,
-        now,
-    )?;
+    let mut limits = Limits::from_config(config);
+    let gate_specs = config.map(|c| c.gates()).unwrap_or_default();
+    match gates {
+        Some(gates) => limits.gate_hold = crate::gates::hold(gate_specs, gates),
+        None if !gate_specs.is_empty() => notes.push(
+            "admission.gates are set, but this plan asked no Prometheus (planning from a file): \
+             each gate counts as holding, as the operator counts a gate it has not asked yet"
+                .to_string(),
+        ),
+        None => {}
+    }
+    let decision = schedule_observed(&snapshot, &limits, &prefer, &capacity, now)?;
     Ok(PlanReport {
         decision,
         snapshot,

@@ -226,6 +226,7 @@ fn exported_metrics() -> BTreeMap<String, MetricType> {
         .budget_can_become_unavailable
         .with_label_values(&["budget", "group"]);
     m.notifications.export_receiver("receiver");
+    m.gates.set_open("gate", true);
     let families: BTreeMap<String, MetricType> = m
         .registry
         .gather()
