@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
+use crate::operator::{Helper, free_port, http_get};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
-use support::operator::{Helper, free_port, http_get};
 
 /// `name` on the PATH. Absent, the test fails: a test that skips itself when its tool is missing
 /// reports a pass for a check that never ran.
@@ -44,7 +44,8 @@ pub struct Prometheus {
 impl Prometheus {
     /// Starts Prometheus with its data, config and log in `dir`, scraping each of `targets`
     /// (`address:port`) every second as job `maintenance-operator`, and evaluating the rule files
-    /// `rules` every second.
+    /// `rules` every second. Used by the release tests (the dashboard, the alerts) and the alert
+    /// gates' e2e test.
     /// With `secure`, over HTTPS with a token; else plain HTTP.
     pub fn start(
         dir: &Path,
