@@ -135,10 +135,19 @@ impl GateAsker {
         let request = request.body(Full::new(Bytes::new())).map_err(|_| {
             GateProblem::Setup("the URL or token is not valid in an HTTP request; fix it".into())
         })?;
-        let response = http
-            .request(request)
-            .await
-            .map_err(|err| GateProblem::Unreachable(error_chain(&err)))?;
+        let response = http.request(request).await.map_err(|err| {
+            let chain = error_chain(&err);
+            // rustls' handshake errors: "invalid peer certificate: UnknownIssuer",
+            // "received fatal alert: HandshakeFailure", ...
+            if ["certificate", "TLS", "Handshake", "handshake"]
+                .iter()
+                .any(|word| chain.contains(word))
+            {
+                GateProblem::Tls(chain)
+            } else {
+                GateProblem::Unreachable(chain)
+            }
+        })?;
         let status = response.status().as_u16();
         let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
             .collect()

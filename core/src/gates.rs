@@ -52,6 +52,8 @@ impl fmt::Display for Series {
 pub enum GateProblem {
     /// No connection, or it broke (the error chain).
     Unreachable(String),
+    /// The TLS handshake failed: most often a certificate that no trusted CA signed.
+    Tls(String),
     /// No answer within the gate's `timeoutSeconds`.
     TimedOut(Duration),
     /// An HTTP status other than 200, with the start of the body (Prometheus says what is wrong).
@@ -70,6 +72,10 @@ impl fmt::Display for GateProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GateProblem::Unreachable(err) => write!(f, "unreachable: {err}"),
+            GateProblem::Tls(err) => write!(
+                f,
+                "TLS failed: {err}: put the CA that signed Prometheus' certificate in the key ca.crt of the gate's secretRef"
+            ),
             GateProblem::TimedOut(after) => {
                 write!(
                     f,

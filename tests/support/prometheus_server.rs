@@ -38,7 +38,15 @@ pub struct SecureScrape {
 
 pub struct Prometheus {
     port: u16,
+    /// `http`, or `https` when it serves TLS (`start_tls`).
+    scheme: &'static str,
     process: Mutex<Helper>,
+}
+
+/// A certificate and its key (PEM) for Prometheus to serve HTTPS with.
+pub struct ServingCert {
+    pub cert_pem: String,
+    pub key_pem: String,
 }
 
 impl Prometheus {
@@ -52,6 +60,26 @@ impl Prometheus {
         targets: &[String],
         secure: Option<&SecureScrape>,
         rules: &[PathBuf],
+    ) -> Result<Prometheus> {
+        Self::spawn(dir, targets, secure, rules, None)
+    }
+
+    /// [`Prometheus::start`] serving its API over HTTPS with `serving` (its `--web.config.file`).
+    pub fn start_tls(
+        dir: &Path,
+        targets: &[String],
+        rules: &[PathBuf],
+        serving: &ServingCert,
+    ) -> Result<Prometheus> {
+        Self::spawn(dir, targets, None, rules, Some(serving))
+    }
+
+    fn spawn(
+        dir: &Path,
+        targets: &[String],
+        secure: Option<&SecureScrape>,
+        rules: &[PathBuf],
+        serving: Option<&ServingCert>,
     ) -> Result<Prometheus> {
         let binary = required_tool("prometheus");
         let port = free_port()?;
@@ -80,9 +108,19 @@ impl Prometheus {
         });
         let config_path = dir.join("prometheus.yml");
         std::fs::write(&config_path, serde_norway::to_string(&config)?)?;
+        let mut command = Command::new(binary);
+        if let Some(serving) = serving {
+            let (cert, key) = (dir.join("web-tls.crt"), dir.join("web-tls.key"));
+            std::fs::write(&cert, &serving.cert_pem)?;
+            std::fs::write(&key, &serving.key_pem)?;
+            let web = json!({ "tls_server_config": { "cert_file": cert, "key_file": key } });
+            let web_path = dir.join("web.yml");
+            std::fs::write(&web_path, serde_norway::to_string(&web)?)?;
+            command.arg(format!("--web.config.file={}", web_path.display()));
+        }
         let process = Helper::spawn(
             "prometheus",
-            Command::new(binary)
+            command
                 .arg(format!("--config.file={}", config_path.display()))
                 .arg(format!(
                     "--storage.tsdb.path={}",
@@ -93,12 +131,13 @@ impl Prometheus {
         )?;
         Ok(Prometheus {
             port,
+            scheme: if serving.is_some() { "https" } else { "http" },
             process: Mutex::new(process),
         })
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        format!("{}://127.0.0.1:{}{path}", self.scheme, self.port)
     }
 
     /// Fails (with the end of its log) when Prometheus has exited.
