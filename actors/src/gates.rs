@@ -177,9 +177,19 @@ fn query_url(base: &str, query: &str) -> String {
 pub struct GateChecker {
     asker: GateAsker,
     metrics: Arc<Metrics>,
-    /// Each gate's last observation, and the settings it was asked with.
-    last: Arc<Mutex<HashMap<String, (Gate, GateObservation)>>>,
-    asking: HashMap<String, AbortOnDrop>,
+    known: Arc<Mutex<Known>>,
+    /// The query under way per gate, with the settings it asks with.
+    asking: HashMap<String, (Gate, AbortOnDrop)>,
+}
+
+/// What the supervisor and the query tasks share.
+#[derive(Default)]
+struct Known {
+    /// The gates of the config: an answer for anything else (a gate removed or changed while it
+    /// was asked) is dropped, so that it neither comes back nor brings its metric series back.
+    wanted: Vec<Gate>,
+    /// Each gate's last observation.
+    answers: HashMap<String, GateObservation>,
 }
 
 impl GateChecker {
@@ -187,7 +197,7 @@ impl GateChecker {
         GateChecker {
             asker,
             metrics,
-            last: Arc::new(Mutex::new(HashMap::new())),
+            known: Arc::new(Mutex::new(Known::default())),
             asking: HashMap::new(),
         }
     }
@@ -196,37 +206,50 @@ impl GateChecker {
     /// as not asked), after starting a query for each whose answer is older than
     /// [`gates::REFRESH_AFTER`] and that is not being asked. `changed` is called when an answer
     /// changes what its gate says (it brings a round). Gates no longer wanted are forgotten,
-    /// with their metric series.
+    /// with their metric series, and their queries under way stopped.
     pub fn observe(
         &mut self,
         wanted: &[Gate],
         now: jiff::Timestamp,
         changed: impl Fn() + Clone + Send + 'static,
     ) -> Vec<GateObservation> {
-        let Ok(mut last) = self.last.lock() else {
+        let Ok(mut known) = self.known.lock() else {
             return Vec::new();
         };
-        last.retain(|name, (asked, _)| {
-            let keep = wanted.iter().any(|g| g == asked);
-            if !keep && !wanted.iter().any(|g| &g.name == name) {
-                self.metrics.gates.forget(name);
+        if known.wanted != wanted {
+            for gone in known
+                .wanted
+                .iter()
+                .filter(|g| !wanted.iter().any(|w| w.name == g.name))
+            {
+                self.metrics.gates.forget(&gone.name);
             }
-            keep
-        });
+            known
+                .answers
+                .retain(|name, _| wanted.iter().any(|g| &g.name == name));
+            // A changed gate's answer was to other settings: not asked yet.
+            for gate in wanted {
+                if !known.wanted.contains(gate) {
+                    known.answers.remove(&gate.name);
+                }
+            }
+            known.wanted = wanted.to_vec();
+        }
         self.asking
-            .retain(|name, task| !task.0.is_finished() && wanted.iter().any(|g| &g.name == name));
+            .retain(|_, (asked, task)| !task.0.is_finished() && wanted.contains(asked));
         let mut observations = Vec::with_capacity(wanted.len());
         for gate in wanted {
-            let previous = last.get(&gate.name).map(|(_, o)| o);
+            let previous = known.answers.get(&gate.name);
             if gates::is_due(previous, now) && !self.asking.contains_key(&gate.name) {
                 let task = tokio::spawn(ask_and_record(
                     self.asker.clone(),
                     gate.clone(),
-                    self.last.clone(),
+                    self.known.clone(),
                     self.metrics.clone(),
                     changed.clone(),
                 ));
-                self.asking.insert(gate.name.clone(), AbortOnDrop(task));
+                self.asking
+                    .insert(gate.name.clone(), (gate.clone(), AbortOnDrop(task)));
             }
             if let Some(observation) = previous {
                 observations.push(observation.clone());
@@ -239,32 +262,36 @@ impl GateChecker {
 async fn ask_and_record(
     asker: GateAsker,
     gate: Gate,
-    last: Arc<Mutex<HashMap<String, (Gate, GateObservation)>>>,
+    known: Arc<Mutex<Known>>,
     metrics: Arc<Metrics>,
     changed: impl Fn(),
 ) {
     let observation = asker.ask(&gate).await;
-    match &observation.result {
-        Ok(series) if series.is_empty() => {
-            tracing::debug!(gate = %gate.name, "alert gate open");
-        }
-        Ok(series) => {
-            tracing::debug!(gate = %gate.name, series = series.len(), "alert gate holds");
-        }
-        Err(problem) => {
-            tracing::warn!(gate = %gate.name, url = %gate.prometheus.url, %problem, "alert gate cannot be asked; it holds admissions");
-            metrics.gates.failed(&gate.name);
-        }
-    }
-    metrics.gates.set_open(&gate.name, observation.is_open());
     let is_new = {
-        let Ok(mut last) = last.lock() else {
+        let Ok(mut known) = known.lock() else {
             return;
         };
-        let is_new = last
+        if !known.wanted.contains(&gate) {
+            return;
+        }
+        match &observation.result {
+            Ok(series) if series.is_empty() => {
+                tracing::debug!(gate = %gate.name, "alert gate open");
+            }
+            Ok(series) => {
+                tracing::debug!(gate = %gate.name, series = series.len(), "alert gate holds");
+            }
+            Err(problem) => {
+                tracing::warn!(gate = %gate.name, url = %gate.prometheus.url, %problem, "alert gate cannot be asked; it holds admissions");
+                metrics.gates.failed(&gate.name);
+            }
+        }
+        metrics.gates.set_open(&gate.name, observation.is_open());
+        let is_new = known
+            .answers
             .get(&gate.name)
-            .is_none_or(|(asked, before)| asked != &gate || before.result != observation.result);
-        last.insert(gate.name.clone(), (gate, observation));
+            .is_none_or(|before| before.result != observation.result);
+        known.answers.insert(gate.name.clone(), observation);
         is_new
     };
     if is_new {
@@ -329,6 +356,75 @@ mod tests {
                 .to_ascii_lowercase()
                 .contains("authorization: bearer s3cret\r\n"),
             "{request}"
+        );
+    }
+
+    /// The checker asks in the background, brings a round when an answer is new, and forgets
+    /// a removed gate with its series.
+    #[tokio::test]
+    async fn the_checker_records_answers_and_forgets_removed_gates() {
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let mut checker = GateChecker::new(GateAsker::new(None, "ops".into()), metrics.clone());
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let gates = [gate(&format!(
+            "http://{}",
+            closed.local_addr().expect("an address")
+        ))];
+        drop(closed);
+        let rounds = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let round = {
+            let rounds = rounds.clone();
+            move || {
+                rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        };
+        let now = jiff::Timestamp::now();
+        assert!(
+            checker.observe(&gates, now, round.clone()).is_empty(),
+            "not asked yet"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let observed = loop {
+            let observed = checker.observe(&gates, now, round.clone());
+            if !observed.is_empty() || std::time::Instant::now() > deadline {
+                break observed;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(
+            matches!(&observed[..], [o] if matches!(o.result, Err(GateProblem::Unreachable(_)))),
+            "{observed:?}"
+        );
+        assert_eq!(
+            rounds.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "one new answer, one round"
+        );
+        assert!(
+            metrics
+                .render()
+                .contains("maintenance_operator_gate_open{gate=\"node-alerts\"} 0")
+        );
+        // Asked again only once the answer is REFRESH_AFTER old.
+        assert!(
+            checker.asking.is_empty() || checker.asking.values().all(|(_, t)| t.0.is_finished())
+        );
+        checker.observe(&gates, now, round.clone());
+        assert!(
+            checker.asking.is_empty(),
+            "a fresh answer is not asked again"
+        );
+        let later = jiff::Timestamp::now() + gates::REFRESH_AFTER + Duration::from_millis(100);
+        checker.observe(&gates, later, round.clone());
+        assert_eq!(checker.asking.len(), 1, "an old answer is asked again");
+        assert!(checker.observe(&[], now, round).is_empty());
+        assert!(
+            checker.asking.is_empty(),
+            "a removed gate's query is stopped"
+        );
+        assert!(
+            !metrics.render().contains("node-alerts"),
+            "and its series gone"
         );
     }
 
