@@ -128,6 +128,27 @@ async fn an_alert_holds_admission_until_it_resolves_and_an_unreachable_gate_hold
             !node_unschedulable(&client, &nodes[0]).await?,
             "a held request's node is not cordoned"
         );
+        // `plan` asks the gate as the operator does.
+        let plan = tokio::process::Command::new(env!("CARGO_BIN_EXE_maintenance-operator"))
+            .args(["plan", "-o", "json", "--namespace", OPERATOR_NAMESPACE])
+            .env("KUBECONFIG", testbed.kubeconfig_path())
+            .output()
+            .await
+            .context("running maintenance-operator plan")?;
+        ensure!(
+            plan.status.success(),
+            "plan failed: {}",
+            String::from_utf8_lossy(&plan.stderr)
+        );
+        let plan: Value = serde_json::from_slice(&plan.stdout).context("plan -o json")?;
+        let waiting = &plan["waiting"][0];
+        ensure!(
+            waiting["cause"] == "gate"
+                && waiting["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains(&expected)),
+            "plan shows the gate: {plan}"
+        );
 
         // The alert resolves: the request is admitted soon after, by the poll while requests wait
         // (every 5 s), not by the tick.
