@@ -440,6 +440,26 @@ mod tests {
             matches!(&observation.result, Err(GateProblem::Unreachable(e)) if e.contains("onnection refused")),
             "{observation:?}"
         );
+        // A Prometheus that takes the connection and never answers: timed out, after
+        // timeoutSeconds.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let mut slow = gate(&format!(
+            "http://{}",
+            silent.local_addr().expect("an address")
+        ));
+        slow.timeout_seconds = Some(1);
+        let started = std::time::Instant::now();
+        let observation = asker.ask(&slow).await;
+        assert_eq!(
+            observation.result,
+            Err(GateProblem::TimedOut(Duration::from_secs(1)))
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(silent);
         // A bad ca.crt is the Secret's problem, named.
         let bad_ca = asker
             .query_with(
