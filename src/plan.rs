@@ -202,6 +202,9 @@ fn render_table(report: &PlanReport) -> String {
             blackout.reason, blackout.index, blackout.until
         ));
     }
+    if let Some(gate) = &report.gate_hold {
+        out.push_str(&format!("Alert gate:              {}\n", gate.describe()));
+    }
     if let Some(capacity) = &decision.capacity {
         out.push_str(&format!("Capacity for evictions: {capacity}\n"));
     }
@@ -499,5 +502,10 @@ spec:
         );
         let json = serde_json::to_value(&report.decision).expect("JSON");
         assert_eq!(json["waiting"][0]["cause"], "gate");
+        let table = render_table(&report);
+        assert!(
+            table.contains("Alert gate:              alert gate \"node-alerts\" holds every admission: not asked yet"),
+            "{table}"
+        );
     }
 }

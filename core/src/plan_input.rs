@@ -32,6 +32,8 @@ pub struct PlanReport {
     pub snapshot: Snapshot,
     /// Parts of the input that were ignored, and defaults that were assumed.
     pub notes: Vec<String>,
+    /// The alert gate that holds every admission, if any (shown even with nothing Pending).
+    pub gate_hold: Option<crate::gates::GateHold>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -475,6 +477,7 @@ pub fn plan_objects_with(
         decision,
         snapshot,
         notes,
+        gate_hold: limits.gate_hold,
     })
 }
 
