@@ -13,6 +13,7 @@ use clap::{Args, ValueEnum};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
+use maintenance_actors::gates::GateAsker;
 use maintenance_core::budgets::{BudgetStatus, WindowStatus};
 use maintenance_core::plan_input::{DrainObservations, plan_objects_with};
 pub use maintenance_core::plan_input::{PlanReport, plan_from_yaml};
@@ -163,6 +164,10 @@ async fn plan_from_cluster(
             );
         }
     }
+    // The alert gates, asked as the operator asks them (its Secrets read with this account).
+    let asker = GateAsker::new(Some(client.clone()), operator_namespace.to_string());
+    let gates = spec.map(|s| s.gates()).unwrap_or_default();
+    let answers = futures::future::join_all(gates.iter().map(|gate| asker.ask(gate))).await;
     Ok(plan_objects_with(
         &nodes,
         &requests,
@@ -171,6 +176,7 @@ async fn plan_from_cluster(
             pods: &pods,
             pdbs: &pdbs,
         }),
+        Some(&answers),
         operator_namespace,
         now,
     )?)
@@ -196,6 +202,9 @@ fn render_table(report: &PlanReport) -> String {
             "Blackout:                {:?} (blackouts[{}]) until {}\n",
             blackout.reason, blackout.index, blackout.until
         ));
+    }
+    if let Some(gate) = &report.gate_hold {
+        out.push_str(&format!("Alert gate:              {}\n", gate.describe()));
     }
     if let Some(capacity) = &decision.capacity {
         out.push_str(&format!("Capacity for evictions: {capacity}\n"));
@@ -503,6 +512,49 @@ spec:
         assert_eq!(
             at("2026-12-21T00:00:00Z").decision.waiting[0].cause,
             WaitCause::MaintenanceWindows
+        );
+    }
+
+    #[test]
+    fn a_plan_from_a_file_counts_a_gate_as_holding_and_says_it_asked_none() {
+        let yaml = r#"
+kind: Node
+metadata: {name: node-0}
+status: {conditions: [{type: Ready, status: "True"}]}
+---
+kind: NodeMaintenance
+metadata: {name: r0, namespace: team, creationTimestamp: "2026-11-01T00:00:00Z"}
+spec: {nodeName: node-0, requestorID: fw}
+---
+kind: MaintenanceOperatorConfig
+metadata: {name: default, namespace: maintenance-operator}
+spec:
+  admission:
+    gates: [{name: node-alerts, prometheus: {url: "http://prometheus:9090", query: ALERTS}}]
+"#;
+        let report = plan_from_yaml(yaml, "maintenance-operator", jiff::Timestamp::now())
+            .expect("valid input");
+        let waiting = &report.decision.waiting[0];
+        assert_eq!(waiting.cause, WaitCause::Gate);
+        assert!(
+            waiting.reason.contains("alert gate \"node-alerts\""),
+            "{}",
+            waiting.reason
+        );
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.contains("asked no Prometheus")),
+            "{:?}",
+            report.notes
+        );
+        let json = serde_json::to_value(&report.decision).expect("JSON");
+        assert_eq!(json["waiting"][0]["cause"], "gate");
+        let table = render_table(&report);
+        assert!(
+            table.contains("Alert gate:              alert gate \"node-alerts\" holds every admission: not asked yet"),
+            "{table}"
         );
     }
 }

@@ -7,6 +7,8 @@ pub mod context;
 pub mod drainability;
 pub mod events;
 pub mod evictor;
+pub mod gates;
+pub mod http_client;
 pub mod metrics;
 pub mod notifier;
 pub mod pdb_watch;

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub drain: DrainMetrics,
     pub process: ProcessMetrics,
     pub notifications: NotificationMetrics,
+    pub gates: GateMetrics,
     /// The pods each PDB blocks, summed over request actors: a label set goes when its count is 0.
     blocked_by_pdb: Mutex<HashMap<(String, String), i64>>,
     /// The (budget, group) label sets exported at the last round, so that removed ones go.
@@ -493,6 +494,7 @@ impl Metrics {
             drain: DrainMetrics::new()?,
             process: ProcessMetrics::new()?,
             notifications: NotificationMetrics::new()?,
+            gates: GateMetrics::new()?,
             blocked_by_pdb: Mutex::new(HashMap::new()),
             budget_series: Mutex::new(HashSet::new()),
         };
@@ -562,6 +564,7 @@ impl Metrics {
         all.extend(self.drain.collectors());
         all.extend(self.process.collectors());
         all.extend(self.notifications.collectors());
+        all.extend(self.gates.collectors());
         all
     }
 
@@ -757,6 +760,58 @@ impl NotificationMetrics {
     }
 }
 
+/// The alert gates' metrics, per gate of `admission.gates`.
+pub struct GateMetrics {
+    /// 1 while the gate's last answer was empty (open), 0 while it holds admissions.
+    pub open: prometheus::IntGaugeVec,
+    /// Queries that got no usable answer (unreachable, an error, a timeout, a Secret missing).
+    pub queries_failed_total: IntCounterVec,
+}
+
+impl GateMetrics {
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.open.clone()),
+            Box::new(self.queries_failed_total.clone()),
+        ]
+    }
+
+    fn new() -> Result<Self, MetricsError> {
+        Ok(GateMetrics {
+            open: prometheus::IntGaugeVec::new(
+                opts(
+                    "gate_open",
+                    "1 while an alert gate's query returns nothing (admissions may go on), 0 while it returns series or cannot be asked (admissions held), by gate",
+                ),
+                &["gate"],
+            )?,
+            queries_failed_total: IntCounterVec::new(
+                opts(
+                    "gate_queries_failed_total",
+                    "Alert gate queries that got no usable answer (unreachable, an error answer, a timeout, a Secret missing), by gate",
+                ),
+                &["gate"],
+            )?,
+        })
+    }
+
+    /// The gate's last answer: open or holding. Exports its failure count at 0 too.
+    pub fn set_open(&self, gate: &str, open: bool) {
+        self.open.with_label_values(&[gate]).set(i64::from(open));
+        self.queries_failed_total.with_label_values(&[gate]);
+    }
+
+    pub fn failed(&self, gate: &str) {
+        self.queries_failed_total.with_label_values(&[gate]).inc();
+    }
+
+    /// Removes a gate's series when it leaves the config, so that none goes stale.
+    pub fn forget(&self, gate: &str) {
+        let _ = self.open.remove_label_values(&[gate]);
+        let _ = self.queries_failed_total.remove_label_values(&[gate]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -784,14 +839,14 @@ mod tests {
             .with_label_values(&["Pending", "Scheduled"])
             .inc();
         let names = m.metric_names();
-        assert_eq!(names.len(), 38, "{names:?}");
+        assert_eq!(names.len(), 40, "{names:?}");
         m.add_pods_blocked_by_pdb("ns", "q", 2);
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(m.render().contains("pdb=\"q\"} 1"));
         m.add_pods_blocked_by_pdb("ns", "q", -1);
         assert!(!m.render().contains("pdb=\"q\""), "{}", m.render());
         let names = m.metric_names();
-        assert_eq!(names.len(), 38, "{names:?}");
+        assert_eq!(names.len(), 40, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintenance_operator_")));
         assert!(
             m.render()
@@ -811,6 +866,28 @@ mod tests {
         assert!(text.contains("maintenance_operator_notifications_sent_total{receiver=\"ops\"} 0"));
         m.notifications.forget_receiver("ops");
         assert!(!m.render().contains("receiver=\"ops\""));
+    }
+
+    #[test]
+    fn gate_series_follow_the_gates() {
+        let m = super::Metrics::new().expect("metrics register");
+        m.gates.set_open("node-alerts", false);
+        m.gates.failed("node-alerts");
+        let text = m.render();
+        assert!(
+            text.contains("maintenance_operator_gate_open{gate=\"node-alerts\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("maintenance_operator_gate_queries_failed_total{gate=\"node-alerts\"} 1")
+        );
+        m.gates.set_open("node-alerts", true);
+        assert!(
+            m.render()
+                .contains("maintenance_operator_gate_open{gate=\"node-alerts\"} 1")
+        );
+        m.gates.forget("node-alerts");
+        assert!(!m.render().contains("node-alerts"));
     }
 
     #[test]

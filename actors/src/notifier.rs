@@ -10,24 +10,17 @@ use std::sync::{Arc, Mutex};
 use backon::Retryable;
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
 use maintenance_core::notifications::{
     self, DropReason, Facts, NotificationEvent, Target, Verdict,
 };
 use maintenance_crds::{NodeMaintenance, Notification};
 use tokio::sync::{mpsc, watch};
 
+use crate::http_client::{Https, Trust, error_chain, https_client, read_secret};
 use crate::metrics::Metrics;
 use crate::task::AbortOnDrop;
 
 pub use maintenance_core::notifications::Detail;
-
-type Https = HttpClient<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// The receivers of the config, as the supervisor last read it, and their queues.
 pub struct Notifier {
@@ -69,7 +62,7 @@ struct AttemptError {
 
 impl Notifier {
     pub fn new(client: kube::Client, namespace: String, metrics: Arc<Metrics>) -> Notifier {
-        let http = match https_client() {
+        let http = match https_client(notifications::ATTEMPT_TIMEOUT, &Trust::default()) {
             Ok(http) => Some(http),
             Err(err) => {
                 tracing::error!(%err, "cannot set up TLS for notifications; none will be sent");
@@ -188,36 +181,6 @@ impl Notifier {
 /// A random 128-bit id, in hex: unique per event, the same for each receiver and retry.
 fn event_id() -> String {
     format!("{:032x}", rand::random::<u128>())
-}
-
-/// The HTTP(S) client of every receiver. Trusted roots: Mozilla's (webpki-roots, built in: the
-/// operator's image has no CA bundle), plus the platform's when it has some (including
-/// `SSL_CERT_FILE`), so a receiver behind a private CA works once that CA is mounted.
-fn https_client() -> Result<Https, rustls::Error> {
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    let native = rustls_native_certs::load_native_certs();
-    let (added, _ignored) = roots.add_parsable_certificates(native.certs);
-    tracing::debug!(
-        platform_roots = added,
-        "notifications trust Mozilla's roots and the platform's"
-    );
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(notifications::ATTEMPT_TIMEOUT));
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(HttpClient::builder(TokioExecutor::new()).build(connector))
 }
 
 /// A receiver's task: its events one after the other, in the order they were queued (a retry
@@ -348,31 +311,16 @@ async fn post(
 async fn target(shared: &Shared, spec: &Notification) -> Result<Target, AttemptError> {
     let (mut url, mut token) = (None, None);
     if let Some(secret_ref) = &spec.secret_ref {
-        let api: Api<Secret> = Api::namespaced(shared.client.clone(), &shared.namespace);
         // A missing or unreadable Secret may be created or allowed soon: retried.
-        let secret = api
-            .get_opt(&secret_ref.name)
+        let keys = read_secret(&shared.client, &shared.namespace, &secret_ref.name)
             .await
-            .map_err(|err| AttemptError {
+            .map_err(|what| AttemptError {
                 verdict: Verdict::Retry,
-                what: format!(
-                    "cannot read Secret {}/{}: {err}; the operator needs get on secrets in its namespace",
-                    shared.namespace, secret_ref.name
-                ),
-            })?
-            .ok_or_else(|| AttemptError {
-                verdict: Verdict::Retry,
-                what: format!(
-                    "Secret {}/{} not found: create it, or remove secretRef",
-                    shared.namespace, secret_ref.name
-                ),
+                what,
             })?;
         let key = |key: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            keys.get(key)
+                .and_then(|v| String::from_utf8(v.clone()).ok())
         };
         url = key("url");
         token = key("token");
@@ -381,18 +329,6 @@ async fn target(shared: &Shared, spec: &Notification) -> Result<Target, AttemptE
         verdict: Verdict::Rejected,
         what: err.to_string(),
     })
-}
-
-/// An error and its causes on one line (hyper's own message is only "client error").
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod explain;
 pub mod failed_step;
 #[cfg(test)]
 mod fixtures;
+pub mod gates;
 pub mod gc;
 pub mod label_selector;
 pub mod leader;

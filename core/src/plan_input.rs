@@ -18,6 +18,7 @@ use serde_json::{Map, Value};
 
 use crate::capacity::{CapacityCheck, CapacityObserver};
 use crate::drainability::{PreferDrainable, blocked_requests};
+use crate::gates::GateObservation;
 use crate::scheduler::{Decision, Limits, ScheduleError, Snapshot, schedule_observed};
 
 /// Where a NodeMaintenance without `metadata.namespace` would land with `kubectl apply`.
@@ -31,6 +32,8 @@ pub struct PlanReport {
     pub snapshot: Snapshot,
     /// Parts of the input that were ignored, and defaults that were assumed.
     pub notes: Vec<String>,
+    /// The alert gate that holds every admission, if any (shown even with nothing Pending).
+    pub gate_hold: Option<crate::gates::GateHold>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -397,7 +400,7 @@ pub fn plan_objects(
     operator_namespace: &str,
     now: jiff::Timestamp,
 ) -> Result<PlanReport, ScheduleError> {
-    plan_objects_with(nodes, requests, config, None, operator_namespace, now)
+    plan_objects_with(nodes, requests, config, None, None, operator_namespace, now)
 }
 
 /// The pods and the PodDisruptionBudgets that `preferDrainable` (the pods of the nodes of Pending
@@ -407,12 +410,14 @@ pub struct DrainObservations<'a> {
     pub pdbs: &'a [PodDisruptionBudget],
 }
 
-/// [`plan_objects`] with what `preferDrainable` needs; `None`: not read (then the plan says so).
+/// [`plan_objects`] with what `preferDrainable` needs and what the alert gates answered; `None`:
+/// not read, not asked (then the plan says so).
 pub fn plan_objects_with(
     nodes: &[Node],
     requests: &[NodeMaintenance],
     config: Option<&MaintenanceOperatorConfigSpec>,
     observed: Option<DrainObservations<'_>>,
+    gates: Option<&[GateObservation]>,
     operator_namespace: &str,
     now: jiff::Timestamp,
 ) -> Result<PlanReport, ScheduleError> {
@@ -456,17 +461,23 @@ pub fn plan_objects_with(
             ),
         }
     }
-    let decision = schedule_observed(
-        &snapshot,
-        &Limits::from_config(config),
-        &prefer,
-        &capacity,
-        now,
-    )?;
+    let mut limits = Limits::from_config(config);
+    let gate_specs = config.map(|c| c.gates()).unwrap_or_default();
+    match gates {
+        Some(gates) => limits.gate_hold = crate::gates::hold(gate_specs, gates),
+        None if !gate_specs.is_empty() => notes.push(
+            "admission.gates are set, but this plan asked no Prometheus (planning from a file): \
+             each gate counts as holding, as the operator counts a gate it has not asked yet"
+                .to_string(),
+        ),
+        None => {}
+    }
+    let decision = schedule_observed(&snapshot, &limits, &prefer, &capacity, now)?;
     Ok(PlanReport {
         decision,
         snapshot,
         notes,
+        gate_hold: limits.gate_hold,
     })
 }
 

@@ -397,6 +397,7 @@ struct Round<'s> {
     unavailable_nodes: BTreeSet<&'s str>,
     windows: WindowState,
     blackout: Option<ActiveBlackout>,
+    gate_hold: Option<&'s crate::gates::GateHold>,
     budgets: Budgets<'s>,
     budget_status: Vec<BudgetStatus>,
     capacity_pool: Option<CapacityPool>,
@@ -511,6 +512,7 @@ impl<'s> Round<'s> {
             unavailable_nodes,
             windows,
             blackout,
+            gate_hold: limits.gate_hold.as_ref(),
             budgets,
             budget_status,
             capacity_pool,
@@ -572,6 +574,8 @@ impl<'s> Round<'s> {
                 cluster_wide(WaitCause::YieldBackoff, record.backoff_reason(period))
             } else if let Some(blackout) = &self.blackout {
                 cluster_wide(WaitCause::Blackout, blackout.describe())
+            } else if let Some(gate) = self.gate_hold {
+                cluster_wide(WaitCause::Gate, gate.describe())
             } else if let WindowState::Closed { next_opening } = &self.windows {
                 cluster_wide(
                     WaitCause::MaintenanceWindows,

@@ -398,10 +398,11 @@ pub fn review_config(
     spec: &MaintenanceOperatorConfigSpec,
     old: Option<&MaintenanceOperatorConfigSpec>,
 ) -> Verdict {
-    let problems_of = |spec| -> Vec<String> {
+    let problems_of = |spec: &MaintenanceOperatorConfigSpec| -> Vec<String> {
         config_problems(&Limits::from_config(Some(spec)))
             .iter()
             .map(|p| p.problem())
+            .chain(crate::gates::config_problems(spec.gates()))
             .collect()
     };
     let old_problems = old.map(problems_of).unwrap_or_default();
@@ -797,6 +798,27 @@ mod tests {
             message.ends_with("fix them and apply it again"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_config_with_bad_gates_is_refused_naming_each() {
+        let spec: MaintenanceOperatorConfigSpec = serde_json::from_value(serde_json::json!({
+            "admission": {"gates": [
+                {"name": "alerts", "prometheus": {"url": "prometheus:9090", "query": "ALERTS"}},
+                {"name": "alerts", "prometheus": {"url": "http://p:9090", "query": ""}},
+            ]},
+        }))
+        .expect("a config spec");
+        let Verdict::Denied { message, .. } = review_config("default", &spec, None) else {
+            panic!("refused");
+        };
+        for field in [
+            "admission.gates[0].prometheus.url \"prometheus:9090\" is not an http://",
+            "admission.gates[1].name \"alerts\" is used by two gates",
+            "admission.gates[1].prometheus.query is empty",
+        ] {
+            assert!(message.contains(field), "{field} in {message}");
+        }
     }
 
     #[test]

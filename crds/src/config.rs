@@ -148,6 +148,13 @@ pub struct Admission {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub yield_blocked_drain_after_seconds: Option<i32>,
+
+    /// Alert gates: while the Prometheus query of any gate returns a non-empty result (an alert
+    /// firing), or cannot be answered, nothing new is admitted; work already admitted goes on.
+    /// Unset or empty: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]), length(max = 16))]
+    pub gates: Option<Vec<crate::Gate>>,
 }
 
 impl Admission {
@@ -168,6 +175,9 @@ impl Admission {
         self.yield_blocked_drain_after_seconds
             .filter(|s| *s > 0)
             .map(|s| std::time::Duration::from_secs(u64::from(s.unsigned_abs())))
+    }
+    pub fn gates(&self) -> &[crate::Gate] {
+        self.gates.as_deref().unwrap_or_default()
     }
     /// How long a request whose drain would wait may be passed over.
     pub fn max_pass_over_seconds(&self) -> i64 {
@@ -346,6 +356,13 @@ impl MaintenanceOperatorConfigSpec {
     }
     pub fn yield_blocked_drain_after(&self) -> Option<std::time::Duration> {
         self.admission().yield_blocked_drain_after()
+    }
+    /// `admission.gates`.
+    pub fn gates(&self) -> &[crate::Gate] {
+        self.admission
+            .as_ref()
+            .map(Admission::gates)
+            .unwrap_or_default()
     }
     pub fn evictions_per_second(&self) -> u32 {
         self.evictions_per_second

@@ -5,11 +5,13 @@
 //! `cordon: false` or `timeoutSeconds: 0` survive a round trip through the operator.
 
 mod config;
+mod gates;
 mod int_or_percent;
 mod node_maintenance;
 mod notifications;
 
 pub use config::*;
+pub use gates::*;
 pub use int_or_percent::*;
 pub use node_maintenance::*;
 pub use notifications::*;

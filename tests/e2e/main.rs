@@ -25,6 +25,7 @@ mod edges;
 mod faults;
 mod fleet;
 mod force_delete;
+mod gates;
 mod leader;
 mod lifecycle;
 mod node_groups;

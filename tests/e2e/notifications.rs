@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use maintenance_crds::{Notification, NotificationEvent, Phase, SecretRef};
 use serde_json::{Value, json};
 use support::operator::*;
@@ -259,7 +259,6 @@ async fn bad_receivers_are_refused_with_what_to_fix() -> Result<()> {
     install(&client, None).await?;
     let ns = unique_name("notify-bad");
     create_namespace(&client, &ns).await?;
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &config_resource());
     let receiver = |overrides: Value| {
         let mut r =
             json!({"name": "ops", "url": "https://hooks.example.com/x", "events": ["Ready"]});
@@ -327,28 +326,11 @@ async fn bad_receivers_are_refused_with_what_to_fix() -> Result<()> {
             Some(&["spec.notifications", "must have at most 16 items"]),
         ),
     ];
-    for (name, notifications, expected) in cases {
-        let object: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "maintenance.nvidia.com/v1alpha1",
-            "kind": "MaintenanceOperatorConfig",
-            "metadata": {"name": name},
-            "spec": {"notifications": notifications},
-        }))?;
-        let result = api.create(&PostParams::default(), &object).await;
-        match (expected, result) {
-            (None, Ok(_)) => {}
-            (None, Err(err)) => anyhow::bail!("{name}: refused: {err}"),
-            (Some(needles), Ok(_)) => anyhow::bail!("{name}: accepted, want {needles:?}"),
-            (Some(needles), Err(err)) => {
-                let message = err.to_string();
-                for needle in needles {
-                    ensure!(
-                        message.contains(needle),
-                        "{name}: {message:?} lacks {needle:?}"
-                    );
-                }
-            }
-        }
-    }
-    Ok(())
+    let cases = cases
+        .into_iter()
+        .map(|(name, notifications, expected)| {
+            (name, json!({"notifications": notifications}), expected)
+        })
+        .collect();
+    check_config_cases(&client, &ns, cases).await
 }

@@ -226,6 +226,7 @@ fn exported_metrics() -> BTreeMap<String, MetricType> {
         .budget_can_become_unavailable
         .with_label_values(&["budget", "group"]);
     m.notifications.export_receiver("receiver");
+    m.gates.set_open("gate", true);
     let families: BTreeMap<String, MetricType> = m
         .registry
         .gather()
@@ -537,6 +538,7 @@ fn dashboard_is_importable_and_uses_the_templated_datasource() {
         "maintenance_operator_leader",
         "sum by (cause) (maintenance_operator_requests_waiting",
         "maintenance_operator_budget_available_slots{budget=~\"$budget\"}",
+        "min by (gate) (maintenance_operator_gate_open)",
     ] {
         assert!(shown(needle), "no dashboard query contains {needle:?}");
     }
@@ -1002,6 +1004,18 @@ async fn every_dashboard_query_and_alert_selector_returns_data_on_a_real_prometh
     )?;
     let targets = [format!("127.0.0.1:{metrics_port}")];
     let prom = Prometheus::start(work.path(), &targets, Some(&scrape), &[alerts_path()])?;
+    // An alert gate asking this Prometheus a query that returns nothing: open, so its series
+    // exist, and it holds nothing back.
+    Api::<MaintenanceOperatorConfig>::namespaced(client.clone(), operator_ns)
+        .patch(
+            "default",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"admission": {"gates": [
+                {"name": "quiet", "prometheus": {"url": prom.url(""), "query": "vector(1) == 0"}}
+            ]}}})),
+        )
+        .await
+        .context("adding an alert gate to the MaintenanceOperatorConfig")?;
 
     let result = scenario(&client, &prom, &mut operator, &ns, &nodes, &locked[0]).await;
     if let Err(err) = &result {

@@ -12,6 +12,8 @@
 mod grafana_dashboard;
 mod helm_chart;
 mod image;
-mod prometheus_server;
 mod real_node;
 mod supply_chain;
+
+/// The Prometheus of the tests, shared with `e2e` (its alert gates).
+use support::prometheus_server;

@@ -18,6 +18,7 @@ pub mod faults;
 pub mod invariants;
 pub mod operator;
 pub mod policy;
+pub mod prometheus_server;
 
 pub use cluster::*;
 pub use events::*;

@@ -81,6 +81,42 @@ pub fn config_resource() -> ApiResource {
     ApiResource::erase::<MaintenanceOperatorConfig>(&())
 }
 
+/// Creates, in `ns`, one MaintenanceOperatorConfig per case, named after it, with the case's
+/// spec (raw JSON, so that the API server's schema judges it): a case without needles must be
+/// accepted, one with needles refused with a message that contains each.
+pub async fn check_config_cases(
+    client: &Client,
+    ns: &str,
+    cases: Vec<(&str, serde_json::Value, Option<&[&str]>)>,
+) -> Result<()> {
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &config_resource());
+    for (name, spec, expected) in cases {
+        let object: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "maintenance.nvidia.com/v1alpha1",
+            "kind": "MaintenanceOperatorConfig",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))?;
+        let result = api.create(&PostParams::default(), &object).await;
+        match (expected, result) {
+            (None, Ok(_)) => {}
+            (None, Err(err)) => anyhow::bail!("{name}: refused: {err}"),
+            (Some(needles), Ok(_)) => anyhow::bail!("{name}: accepted, want {needles:?}"),
+            (Some(needles), Err(err)) => {
+                let message = err.to_string();
+                for needle in needles {
+                    anyhow::ensure!(
+                        message.contains(needle),
+                        "{name}: {message:?} lacks {needle:?}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `maxParallelOperations` and the admission options `set` sets, nothing else.
 pub fn with_admission(
     max_parallel: i32,

@@ -38,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::context::Context;
 use crate::evictor::EvictionRate;
+use crate::gates::{GateAsker, GateChecker};
 use crate::request_actor::{RequestActor, RequestArgs, RequestMsg};
 use crate::task::AbortOnDrop;
 use crate::writes::{self, admission::AdmitOutcome};
@@ -73,6 +74,10 @@ pub enum SupervisorMsg {
     },
     /// An orphaned cordon's grace has passed.
     OrphanDue,
+    /// An alert gate's answer changed what it says (`crate::gates`).
+    GateAnswered,
+    /// Requests wait and gates are set: time to ask the gates again (see `poll_gates`).
+    GatePoll,
 }
 
 pub struct Supervisor;
@@ -125,6 +130,10 @@ pub struct SupervisorState {
     wakes: Wakes,
     /// The config problem last reported with an Event on the config.
     config_health: ConfigHealth,
+    /// The alert gates' last answers, and their queries under way.
+    gates: GateChecker,
+    /// A `GatePoll` is on its way.
+    gate_poll_armed: bool,
 }
 
 impl Actor for Supervisor {
@@ -176,7 +185,6 @@ impl Actor for Supervisor {
         myself.send_after(ctx.tick, || SupervisorMsg::Tick);
         let _ = myself.cast(SupervisorMsg::Changed);
         Ok(SupervisorState {
-            ctx,
             requests,
             nodes,
             configs,
@@ -193,6 +201,12 @@ impl Actor for Supervisor {
             explanations: Explanations::default(),
             wakes: Wakes::default(),
             config_health: ConfigHealth::default(),
+            gates: GateChecker::new(
+                GateAsker::new(Some(ctx.client.clone()), ctx.namespace.clone()),
+                ctx.metrics.clone(),
+            ),
+            gate_poll_armed: false,
+            ctx,
         })
     }
 
@@ -215,6 +229,8 @@ impl Actor for Supervisor {
             SupervisorMsg::CollectionDue => state.wakes.collection.fired(),
             SupervisorMsg::OrphanDue => state.wakes.orphan.fired(),
             SupervisorMsg::RoundDue => state.round_held = false,
+            SupervisorMsg::GateAnswered => {}
+            SupervisorMsg::GatePoll => state.gate_poll_armed = false,
             SupervisorMsg::Admitted { uid, outcome } => {
                 // An admitted request's actor starts at once, without waiting for the cache.
                 if admission_answered(&myself, state, uid, outcome).await {
@@ -375,7 +391,15 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         ))
         .unwrap_or(i64::MAX),
     );
-    let limits = Limits::from_config(config.as_ref());
+    let mut limits = Limits::from_config(config.as_ref());
+    let gates = config.as_ref().map(|c| c.gates()).unwrap_or_default();
+    let observations = {
+        let myself = myself.clone();
+        state.gates.observe(gates, now, move || {
+            let _ = myself.cast(SupervisorMsg::GateAnswered);
+        })
+    };
+    limits.gate_hold = maintenance_core::gates::hold(gates, &observations);
     let (prefer, capacity) = observe_for_admission(
         state,
         &snapshot,
@@ -389,6 +413,11 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     let reasons = match scheduler::schedule_observed(&snapshot, &limits, &prefer, &capacity, now) {
         Ok(decision) => {
             report_config(state, config_object.as_deref(), None);
+            poll_gates(
+                myself,
+                state,
+                !gates.is_empty() && !decision.waiting.is_empty(),
+            );
             execute(myself, state, decision, &cache, &limits, &policy, now)
         }
         // Every waiting request says so, in place of a reason that no longer holds.
@@ -430,6 +459,18 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
         .scheduler
         .scheduler_run_duration_seconds
         .observe(started.elapsed().as_secs_f64());
+}
+
+/// While requests wait and gates are set, a round runs every
+/// [`maintenance_core::gates::POLL_WHILE_PENDING`] (and asks the gates whose answer is old), so
+/// that a gate that stops firing admits soon rather than at the safety-net tick.
+fn poll_gates(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState, wanted: bool) {
+    if wanted && !state.gate_poll_armed {
+        state.gate_poll_armed = true;
+        myself.send_after(maintenance_core::gates::POLL_WHILE_PENDING, || {
+            SupervisorMsg::GatePoll
+        });
+    }
 }
 
 /// An Event on the config when a round finds a problem with it, or finds it fixed (once per

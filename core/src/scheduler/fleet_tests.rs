@@ -881,6 +881,7 @@ mod properties {
                     maintenance_windows: window.specs(),
                     blackouts: Vec::new(),
                     yield_blocked_drain_after: None,
+                    gate_hold: None,
                 },
                 snapshot,
                 budgets,

@@ -326,6 +326,10 @@ pub struct Limits {
     /// `admission.yieldBlockedDrainAfterSeconds`: the base of a yielded request's back-off;
     /// `None`: no yields, and a request that yielded before waits for nothing more.
     pub yield_blocked_drain_after: Option<Duration>,
+    /// `admission.gates`: the gate that holds every admission, over what the shell last observed
+    /// ([`crate::gates::hold`]); `None`: no gates, or all open. From a config alone, a gate
+    /// not asked yet holds (fail closed).
+    pub gate_hold: Option<crate::gates::GateHold>,
 }
 
 impl Limits {
@@ -339,6 +343,7 @@ impl Limits {
                 maintenance_windows: spec.maintenance_windows().to_vec(),
                 blackouts: spec.blackouts().to_vec(),
                 yield_blocked_drain_after: spec.yield_blocked_drain_after(),
+                gate_hold: crate::gates::hold(spec.gates(), &[]),
             },
             None => Limits {
                 max_parallel_operations: MaintenanceOperatorConfigSpec::default()
@@ -384,6 +389,9 @@ pub enum WaitCause {
     MaintenanceWindows,
     /// A blackout (`blackouts`) holds every admission; the reason names it and its end.
     Blackout,
+    /// An alert gate (`admission.gates`) holds every admission: its query returned series, or
+    /// it could not be asked; the reason names the gate and what it returned.
+    Gate,
     MaxParallelOperations,
     MaxUnavailable,
     MaxGroupsInMaintenance,
@@ -418,13 +426,14 @@ pub enum WaitCause {
 }
 
 impl WaitCause {
-    pub const ALL: [WaitCause; 19] = [
+    pub const ALL: [WaitCause; 20] = [
         WaitCause::Deleting,
         WaitCause::NodeInMaintenance,
         WaitCause::NodeAdmittedThisRound,
         WaitCause::NodeNotFound,
         WaitCause::MaintenanceWindows,
         WaitCause::Blackout,
+        WaitCause::Gate,
         WaitCause::MaxParallelOperations,
         WaitCause::MaxUnavailable,
         WaitCause::MaxGroupsInMaintenance,
@@ -449,6 +458,7 @@ impl WaitCause {
             WaitCause::NodeNotFound => "nodeNotFound",
             WaitCause::MaintenanceWindows => "maintenanceWindows",
             WaitCause::Blackout => "blackout",
+            WaitCause::Gate => "gate",
             WaitCause::MaxParallelOperations => "maxParallelOperations",
             WaitCause::MaxUnavailable => "maxUnavailable",
             WaitCause::MaxGroupsInMaintenance => "maxGroupsInMaintenance",

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
+use crate::operator::{Helper, free_port, http_get};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
-use support::operator::{Helper, free_port, http_get};
 
 /// `name` on the PATH. Absent, the test fails: a test that skips itself when its tool is missing
 /// reports a pass for a check that never ran.
@@ -38,19 +38,48 @@ pub struct SecureScrape {
 
 pub struct Prometheus {
     port: u16,
+    /// `http`, or `https` when it serves TLS (`start_tls`).
+    scheme: &'static str,
     process: Mutex<Helper>,
+}
+
+/// A certificate and its key (PEM) for Prometheus to serve HTTPS with.
+pub struct ServingCert {
+    pub cert_pem: String,
+    pub key_pem: String,
 }
 
 impl Prometheus {
     /// Starts Prometheus with its data, config and log in `dir`, scraping each of `targets`
     /// (`address:port`) every second as job `maintenance-operator`, and evaluating the rule files
-    /// `rules` every second.
+    /// `rules` every second. Used by the release tests (the dashboard, the alerts) and the alert
+    /// gates' e2e test.
     /// With `secure`, over HTTPS with a token; else plain HTTP.
     pub fn start(
         dir: &Path,
         targets: &[String],
         secure: Option<&SecureScrape>,
         rules: &[PathBuf],
+    ) -> Result<Prometheus> {
+        Self::spawn(dir, targets, secure, rules, None)
+    }
+
+    /// [`Prometheus::start`] serving its API over HTTPS with `serving` (its `--web.config.file`).
+    pub fn start_tls(
+        dir: &Path,
+        targets: &[String],
+        rules: &[PathBuf],
+        serving: &ServingCert,
+    ) -> Result<Prometheus> {
+        Self::spawn(dir, targets, None, rules, Some(serving))
+    }
+
+    fn spawn(
+        dir: &Path,
+        targets: &[String],
+        secure: Option<&SecureScrape>,
+        rules: &[PathBuf],
+        serving: Option<&ServingCert>,
     ) -> Result<Prometheus> {
         let binary = required_tool("prometheus");
         let port = free_port()?;
@@ -79,9 +108,19 @@ impl Prometheus {
         });
         let config_path = dir.join("prometheus.yml");
         std::fs::write(&config_path, serde_norway::to_string(&config)?)?;
+        let mut command = Command::new(binary);
+        if let Some(serving) = serving {
+            let (cert, key) = (dir.join("web-tls.crt"), dir.join("web-tls.key"));
+            std::fs::write(&cert, &serving.cert_pem)?;
+            std::fs::write(&key, &serving.key_pem)?;
+            let web = json!({ "tls_server_config": { "cert_file": cert, "key_file": key } });
+            let web_path = dir.join("web.yml");
+            std::fs::write(&web_path, serde_norway::to_string(&web)?)?;
+            command.arg(format!("--web.config.file={}", web_path.display()));
+        }
         let process = Helper::spawn(
             "prometheus",
-            Command::new(binary)
+            command
                 .arg(format!("--config.file={}", config_path.display()))
                 .arg(format!(
                     "--storage.tsdb.path={}",
@@ -92,12 +131,13 @@ impl Prometheus {
         )?;
         Ok(Prometheus {
             port,
+            scheme: if serving.is_some() { "https" } else { "http" },
             process: Mutex::new(process),
         })
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        format!("{}://127.0.0.1:{}{path}", self.scheme, self.port)
     }
 
     /// Fails (with the end of its log) when Prometheus has exited.
