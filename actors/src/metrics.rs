@@ -175,7 +175,7 @@ pub struct SchedulerMetrics {
     pub node_groups_waiting: IntGauge,
     /// Node groups admitted, each whole in one round.
     pub node_groups_admitted_total: IntCounter,
-    /// Nodes carrying the autoscaler annotations our cordon added, at the last round.
+    /// Nodes carrying the autoscaler annotations we added, at the last round.
     pub nodes_protected_from_autoscalers: IntGauge,
 }
 
@@ -250,7 +250,7 @@ impl SchedulerMetrics {
             ))?,
             nodes_protected_from_autoscalers: IntGauge::with_opts(opts(
                 "nodes_protected_from_autoscalers",
-                "Nodes carrying the cluster-autoscaler and Karpenter annotations our cordon added (admission.protectFromAutoscalers), at the last round",
+                "Nodes carrying the cluster-autoscaler and Karpenter annotations we added, cordoned or not (admission.protectFromAutoscalers), at the last round",
             ))?,
         })
     }

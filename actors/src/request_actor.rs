@@ -624,8 +624,10 @@ async fn execute_action(
             finalizers.push(FINALIZER.to_string());
             state.request = Arc::new(patch_finalizers(state, finalizers).await?);
         }
-        Action::Cordon => set_unschedulable(state, true).await?,
-        Action::Uncordon => set_unschedulable(state, false).await?,
+        Action::Cordon
+        | Action::Uncordon
+        | Action::ProtectFromAutoscalers
+        | Action::UnprotectFromAutoscalers => write_node(state, action).await?,
         Action::Evict(orders) => {
             for order in orders {
                 start_eviction(myself, state, order.clone());
@@ -789,32 +791,44 @@ fn start_force_delete(
     });
 }
 
-/// The cordon marks the node with its request (and keeps the autoscalers off it), the uncordon
-/// removes the mark and what the cordon added (`cordon_mark`: what finds a node whose request
-/// went without our cleanup once no actor remembers it). Both read the node fresh: which
-/// autoscaler annotations were there before us, or which we added, must not come from a cache
-/// that may still show the previous request's.
-async fn set_unschedulable(
-    state: &RequestActorState,
-    unschedulable: bool,
-) -> Result<(), kube::Error> {
+/// The node writes of a step: the cordon marks the node with its request (and keeps the
+/// autoscalers off it), the uncordon removes the mark and what the cordon added (`cordon_mark`:
+/// what finds a node whose request went without our cleanup once no actor remembers it); on a
+/// node the request does not cordon, the autoscaler annotations alone are written at the
+/// admission and removed at the release while the node carries this request's mark (a write
+/// guarded by the version read: a later request's mark written meanwhile conflicts, and the step
+/// reads again). All read the node fresh: which autoscaler annotations were there before us, or
+/// which we added, must not come from a cache that may still show the previous request's.
+async fn write_node(state: &RequestActorState, action: &Action) -> Result<(), kube::Error> {
     let Some(node) = node_api(state).get_opt(state.node()).await? else {
         // A node that is gone needs neither cordon nor uncordon.
         return Ok(());
     };
     let annotations = node.metadata.annotations.as_ref();
-    let patch = if unschedulable {
-        let protect = state
-            .ctx
-            .protect_from_autoscalers
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let add = cordon_mark::autoscaler_annotations_to_add(annotations, protect);
-        cordon_mark::cordon_patch(&state.request, &add)
-    } else {
-        cordon_mark::uncordon_patch(
+    let protect = state
+        .ctx
+        .protect_from_autoscalers
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let patch = match action {
+        Action::Cordon => {
+            let add = cordon_mark::autoscaler_annotations_to_add(annotations, protect);
+            Some(cordon_mark::cordon_patch(&state.request, &add))
+        }
+        Action::Uncordon => Some(cordon_mark::uncordon_patch(
             None,
             &cordon_mark::autoscaler_annotations_added(annotations),
-        )
+        )),
+        Action::ProtectFromAutoscalers => {
+            cordon_mark::protect_patch(&state.request, annotations, protect)
+        }
+        Action::UnprotectFromAutoscalers => {
+            let uid = state.request.metadata.uid.as_deref().unwrap_or_default();
+            cordon_mark::unprotect_patch(&node, uid)
+        }
+        _ => None,
+    };
+    let Some(patch) = patch else {
+        return Ok(());
     };
     match node_api(state)
         .patch(state.node(), &PatchParams::default(), &Patch::Merge(&patch))

@@ -13,6 +13,11 @@
 //! initial state, and nothing would ever uncordon it) and, once it has been seen orphaned for
 //! [`ORPHAN_GRACE`], uncordoned by a write guarded by the node's resourceVersion.
 //!
+//! A request that does not cordon its node (`cordon: false`, or a node someone else cordoned)
+//! still keeps the autoscalers off it; that write marks the node the same way under other keys
+//! ([`PROTECTED_BY_UID_ANNOTATION`], [`MarkKind::Protection`]), and its release, or the sweep,
+//! removes the annotations and leaves `spec.unschedulable` alone.
+//!
 //! The grace covers watches that lag one another: the cache of requests may briefly miss a
 //! request that the cache of nodes already shows a mark of (a leader that just took over). The
 //! guard covers a cache of nodes that lags: a mark the cache still shows after our own uncordon
@@ -31,6 +36,11 @@ use crate::scheduler::RequestState;
 pub const CORDONED_BY_ANNOTATION: &str = "maintenance.nvidia.com/cordoned-by";
 /// The UID of that request: a request re-created under the same name is another request.
 pub const CORDONED_BY_UID_ANNOTATION: &str = "maintenance.nvidia.com/cordoned-by-uid";
+/// `namespace/name` of the request that keeps the autoscalers off a node it did not cordon
+/// (`cordon: false`, or a node that was unschedulable before): the mark without the cordon.
+pub const PROTECTED_BY_ANNOTATION: &str = "maintenance.nvidia.com/protected-by";
+/// The UID of that request.
+pub const PROTECTED_BY_UID_ANNOTATION: &str = "maintenance.nvidia.com/protected-by-uid";
 
 /// cluster-autoscaler does not scale a node down while it carries this annotation.
 pub const SCALE_DOWN_DISABLED_ANNOTATION: &str =
@@ -51,6 +61,8 @@ pub const AUTOSCALER_ANNOTATIONS_ADDED: &str =
 pub fn is_mark(key: &str) -> bool {
     key == CORDONED_BY_ANNOTATION
         || key == CORDONED_BY_UID_ANNOTATION
+        || key == PROTECTED_BY_ANNOTATION
+        || key == PROTECTED_BY_UID_ANNOTATION
         || key == AUTOSCALER_ANNOTATIONS_ADDED
         || AUTOSCALER_ANNOTATIONS.contains(&key)
 }
@@ -93,29 +105,69 @@ pub fn autoscaler_annotations_added(annotations: Option<&BTreeMap<String, String
 /// How long a node must be seen orphaned before it is uncordoned.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
 
+/// `namespace/name` of `request`, as a mark names it.
+fn request_key(request: &NodeMaintenance) -> String {
+    format!(
+        "{}/{}",
+        request.metadata.namespace.as_deref().unwrap_or_default(),
+        request.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 /// The node patch of the cordon: unschedulable, marked as cordoned by `request`, and carrying
 /// the autoscaler annotations `protect` lists ([`autoscaler_annotations_to_add`]), recorded as
 /// ours in the same write.
 pub fn cordon_patch(request: &NodeMaintenance, protect: &[&str]) -> Value {
-    let key = format!(
-        "{}/{}",
-        request.metadata.namespace.as_deref().unwrap_or_default(),
-        request.metadata.name.as_deref().unwrap_or_default()
-    );
     let mut annotations = json!({
-        CORDONED_BY_ANNOTATION: key,
+        CORDONED_BY_ANNOTATION: request_key(request),
         CORDONED_BY_UID_ANNOTATION: request.metadata.uid.as_deref().unwrap_or_default(),
     });
+    add_autoscaler_annotations(&mut annotations, protect);
+    json!({
+        "metadata": { "annotations": annotations },
+        "spec": { "unschedulable": true },
+    })
+}
+
+fn add_autoscaler_annotations(annotations: &mut Value, protect: &[&str]) {
     for annotation in protect {
         annotations[*annotation] = json!("true");
     }
     if !protect.is_empty() {
         annotations[AUTOSCALER_ANNOTATIONS_ADDED] = json!(protect.join(","));
     }
-    json!({
-        "metadata": { "annotations": annotations },
-        "spec": { "unschedulable": true },
-    })
+}
+
+/// The node patch that keeps the autoscalers off a node the admission of `request` does not
+/// cordon (`cordon: false`, or a node someone else cordoned), for a node that carries
+/// `annotations` now: the autoscaler annotations, recorded as ours and marked with the request
+/// ([`PROTECTED_BY_ANNOTATION`]) so that an orphan is found as a cordon is. `None`: nothing to
+/// add (protection off, or the node carries both annotations of someone else's).
+pub fn protect_patch(
+    request: &NodeMaintenance,
+    annotations: Option<&BTreeMap<String, String>>,
+    protect: bool,
+) -> Option<Value> {
+    let add = autoscaler_annotations_to_add(annotations, protect);
+    if add.is_empty() {
+        return None;
+    }
+    let mut annotations = json!({
+        PROTECTED_BY_ANNOTATION: request_key(request),
+        PROTECTED_BY_UID_ANNOTATION: request.metadata.uid.as_deref().unwrap_or_default(),
+    });
+    add_autoscaler_annotations(&mut annotations, &add);
+    Some(json!({ "metadata": { "annotations": annotations } }))
+}
+
+/// The node patch that gives the autoscalers `node` back at the release of the request with
+/// `uid`, when the request did not cordon it: the annotations of [`protect_patch`], removed only
+/// if the node still carries that request's mark, and guarded by the node's resourceVersion (a
+/// later request's mark written meanwhile conflicts). `None`: nothing of this request's is left.
+pub fn unprotect_patch(node: &Node, uid: &str) -> Option<Value> {
+    cordon_mark(node)
+        .filter(|mark| mark.kind == MarkKind::Protection && mark.uid == uid)
+        .map(|mark| mark.release_patch())
 }
 
 /// The node patch of the uncordon: schedulable, the mark removed, and the autoscaler
@@ -123,9 +175,19 @@ pub fn cordon_patch(request: &NodeMaintenance, protect: &[&str]) -> Value {
 /// `resource_version` guards it (the orphan sweep writes on what its cache showed); `None` writes
 /// unconditionally (the request actor uncordons what its request cordoned).
 pub fn uncordon_patch(resource_version: Option<&str>, added: &[String]) -> Value {
+    let mut patch = remove_marks(resource_version, added);
+    patch["spec"] = json!({ "unschedulable": false });
+    patch
+}
+
+/// The metadata part of a release: every mark annotation, and the autoscaler annotations the
+/// mark's write added.
+fn remove_marks(resource_version: Option<&str>, added: &[String]) -> Value {
     let mut annotations = json!({
         CORDONED_BY_ANNOTATION: null,
         CORDONED_BY_UID_ANNOTATION: null,
+        PROTECTED_BY_ANNOTATION: null,
+        PROTECTED_BY_UID_ANNOTATION: null,
         AUTOSCALER_ANNOTATIONS_ADDED: null,
     });
     for annotation in added {
@@ -135,7 +197,17 @@ pub fn uncordon_patch(resource_version: Option<&str>, added: &[String]) -> Value
     if let Some(version) = resource_version {
         metadata["resourceVersion"] = json!(version);
     }
-    json!({ "metadata": metadata, "spec": { "unschedulable": false } })
+    json!({ "metadata": metadata })
+}
+
+/// What a mark records that its request did to the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkKind {
+    /// The request cordoned the node ([`CORDONED_BY_UID_ANNOTATION`]): its release uncordons.
+    Cordon,
+    /// The request only kept the autoscalers off ([`PROTECTED_BY_UID_ANNOTATION`]): its release
+    /// leaves `spec.unschedulable` as it is.
+    Protection,
 }
 
 /// A node's mark, as the cache shows the node.
@@ -147,7 +219,8 @@ pub struct CordonMark {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    /// The autoscaler annotations the cordon added, which the uncordon removes.
+    pub kind: MarkKind,
+    /// The autoscaler annotations the mark's write added, which the release removes.
     pub autoscaler_annotations: Vec<String>,
 }
 
@@ -170,19 +243,41 @@ impl CordonMark {
             node_group: None,
         }
     }
+
+    /// The node patch that undoes what the mark's request did, guarded by the resourceVersion
+    /// the mark was read at: the uncordon of a cordon, the autoscaler annotations of a
+    /// protection.
+    pub fn release_patch(&self) -> Value {
+        let version = self.resource_version.as_deref();
+        match self.kind {
+            MarkKind::Cordon => uncordon_patch(version, &self.autoscaler_annotations),
+            MarkKind::Protection => remove_marks(version, &self.autoscaler_annotations),
+        }
+    }
 }
 
-/// The mark on `node`, if any (one without a UID is not ours to act on).
+/// The mark on `node`, if any (one without a UID is not ours to act on). A cordon's mark comes
+/// first: a request that cordoned the node also owes what a protection mark would.
 pub fn cordon_mark(node: &Node) -> Option<CordonMark> {
     let annotations = node.metadata.annotations.as_ref()?;
-    let uid = annotations.get(CORDONED_BY_UID_ANNOTATION)?;
-    if uid.is_empty() {
-        return None;
-    }
-    let by = annotations
-        .get(CORDONED_BY_ANNOTATION)
-        .map(String::as_str)
-        .unwrap_or_default();
+    let (kind, uid, by) = [
+        (
+            MarkKind::Cordon,
+            CORDONED_BY_UID_ANNOTATION,
+            CORDONED_BY_ANNOTATION,
+        ),
+        (
+            MarkKind::Protection,
+            PROTECTED_BY_UID_ANNOTATION,
+            PROTECTED_BY_ANNOTATION,
+        ),
+    ]
+    .into_iter()
+    .find_map(|(kind, uid, by)| {
+        let uid = annotations.get(uid).filter(|uid| !uid.is_empty())?;
+        Some((kind, uid, by))
+    })?;
+    let by = annotations.get(by).map(String::as_str).unwrap_or_default();
     let (namespace, name) = by.split_once('/').unwrap_or(("", by));
     Some(CordonMark {
         node: node.metadata.name.clone()?,
@@ -190,11 +285,12 @@ pub fn cordon_mark(node: &Node) -> Option<CordonMark> {
         namespace: namespace.to_string(),
         name: name.to_string(),
         uid: uid.clone(),
+        kind,
         autoscaler_annotations: autoscaler_annotations_added(Some(annotations)),
     })
 }
 
-/// How many of `nodes` carry autoscaler annotations our cordon added: the nodes kept from
+/// How many of `nodes` carry autoscaler annotations we added (with a cordon or without): the nodes kept from
 /// cluster-autoscaler and Karpenter now (the `nodes_protected_from_autoscalers` gauge).
 pub fn protected_from_autoscalers<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> usize {
     nodes
@@ -466,6 +562,79 @@ mod tests {
     }
 
     #[test]
+    fn a_node_we_do_not_cordon_is_protected_and_given_back_as_it_was() {
+        // Someone keeps Karpenter off this node, and it may be cordoned by someone else.
+        let before = fixtures::node("n1")
+            .version("7")
+            .unschedulable(Some(true))
+            .annotation(DO_NOT_DISRUPT_ANNOTATION, "true")
+            .build();
+        let patch =
+            protect_patch(&request(), before.metadata.annotations.as_ref(), true).expect("a patch");
+        assert!(patch.get("spec").is_none(), "never touches the cordon");
+        let protected = patched(&before, &patch);
+        let mark = cordon_mark(&protected).expect("a mark");
+        assert_eq!(mark.kind, MarkKind::Protection);
+        assert_eq!((mark.name.as_str(), mark.uid.as_str()), ("m", "uid-m"));
+        assert_eq!(
+            mark.autoscaler_annotations,
+            [SCALE_DOWN_DISABLED_ANNOTATION]
+        );
+        assert_eq!(protected_from_autoscalers([&protected]), 1);
+        // Written again after a lost answer: the same.
+        let again = protect_patch(&request(), protected.metadata.annotations.as_ref(), true);
+        assert_eq!(again.as_ref(), Some(&patch));
+
+        // Another request's release leaves it; ours, and the orphan sweep's, give it back.
+        assert_eq!(unprotect_patch(&protected, "uid-other"), None);
+        let release = unprotect_patch(&protected, "uid-m").expect("ours to remove");
+        assert_eq!(release["metadata"]["resourceVersion"], json!("7"));
+        assert!(release.get("spec").is_none(), "never uncordons");
+        for patch in [release, mark.release_patch()] {
+            let released = patched(&protected, &patch);
+            assert_eq!(annotations(&released), annotations(&before));
+            assert_eq!(released.spec, before.spec);
+        }
+        // Nothing to add: no write, no mark.
+        assert_eq!(
+            protect_patch(&request(), protected.metadata.annotations.as_ref(), false),
+            None
+        );
+        let both_theirs = fixtures::node("n2")
+            .annotation(DO_NOT_DISRUPT_ANNOTATION, "true")
+            .annotation(SCALE_DOWN_DISABLED_ANNOTATION, "true")
+            .build();
+        assert_eq!(
+            protect_patch(&request(), both_theirs.metadata.annotations.as_ref(), true),
+            None
+        );
+    }
+
+    #[test]
+    fn a_cordon_over_a_protection_is_the_mark_and_its_uncordon_removes_both() {
+        let protected = patched(
+            &node("n1", "7"),
+            &protect_patch(&request(), None, true).expect("a patch"),
+        );
+        let mut next = request();
+        next.metadata.uid = Some("uid-next".into());
+        let add = autoscaler_annotations_to_add(protected.metadata.annotations.as_ref(), true);
+        let cordoned = patched(&protected, &cordon_patch(&next, &add));
+        let mark = cordon_mark(&cordoned).expect("a mark");
+        assert_eq!(
+            (mark.kind, mark.uid.as_str()),
+            (MarkKind::Cordon, "uid-next")
+        );
+        assert_eq!(
+            unprotect_patch(&cordoned, "uid-m"),
+            None,
+            "no longer the first's"
+        );
+        let uncordoned = patched(&cordoned, &mark.release_patch());
+        assert!(annotations(&uncordoned).keys().all(|key| !is_mark(key)));
+    }
+
+    #[test]
     fn only_known_autoscaler_annotations_are_removed() {
         // A hand-edited list never makes the uncordon remove something else.
         let annotations = BTreeMap::from([(
@@ -518,6 +687,7 @@ mod tests {
             namespace: "team".into(),
             name: "m".into(),
             uid: uid.into(),
+            kind: MarkKind::Cordon,
             autoscaler_annotations: Vec::new(),
         }
     }

@@ -15,6 +15,9 @@ pub enum StepCall {
     ReadNode,
     Cordon,
     Uncordon,
+    /// The autoscaler annotations of a node we do not cordon, written or removed.
+    ProtectFromAutoscalers,
+    UnprotectFromAutoscalers,
     /// One of our annotations: initial state, adoption, ready time.
     AnnotateRequest,
     AddFinalizer,
@@ -35,6 +38,8 @@ impl StepCall {
             Action::AddFinalizer => Some(StepCall::AddFinalizer),
             Action::Cordon => Some(StepCall::Cordon),
             Action::Uncordon => Some(StepCall::Uncordon),
+            Action::ProtectFromAutoscalers => Some(StepCall::ProtectFromAutoscalers),
+            Action::UnprotectFromAutoscalers => Some(StepCall::UnprotectFromAutoscalers),
             Action::WriteStatus(_) => Some(StepCall::WriteStatus),
             Action::RemoveFinalizer { .. } => Some(StepCall::RemoveFinalizer),
             Action::Yield { .. } => Some(StepCall::GiveSlotBack),
@@ -59,6 +64,12 @@ impl fmt::Display for OnTarget<'_> {
             StepCall::ReadNode => write!(f, "read node {node}"),
             StepCall::Cordon => write!(f, "cordon node {node}"),
             StepCall::Uncordon => write!(f, "uncordon node {node}"),
+            StepCall::ProtectFromAutoscalers => {
+                write!(f, "annotate node {node} to keep the autoscalers off")
+            }
+            StepCall::UnprotectFromAutoscalers => {
+                write!(f, "remove our autoscaler annotations from node {node}")
+            }
             StepCall::AnnotateRequest => f.write_str("annotate the request"),
             StepCall::AddFinalizer => f.write_str("add our finalizer to the request"),
             StepCall::WriteStatus => f.write_str("write the request's status"),

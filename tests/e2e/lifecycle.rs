@@ -114,20 +114,27 @@ async fn cordon_false_leaves_the_node_schedulable() -> Result<()> {
     monitor.held().await
 }
 
-/// `admission.protectFromAutoscalers` (default on): from the cordon to the uncordon the node
-/// carries cluster-autoscaler's `scale-down-disabled` and Karpenter's `do-not-disrupt`, written
-/// with the cordon and removed with the uncordon; one the node carried before is left alone.
+/// `admission.protectFromAutoscalers` (default on): from the admission to the release the node
+/// carries cluster-autoscaler's `scale-down-disabled` and Karpenter's `do-not-disrupt`. On a node
+/// we cordon they are written with the cordon and removed with the uncordon; on a node we do not
+/// (`cordon: false`, or one someone cordoned before us) by writes of their own, marked
+/// `protected-by`, which leave `spec.unschedulable` as it was. One the node carried before is
+/// left alone.
 #[tokio::test]
-async fn the_cordon_keeps_the_autoscalers_off_until_the_release() -> Result<()> {
-    let (client, ns, nodes, monitor) = monitored_setup("autoscale", 2).await?;
-    let (plain, kept) = (&nodes[0], &nodes[1]);
+async fn the_autoscalers_are_kept_off_every_node_in_maintenance_until_the_release() -> Result<()> {
+    let (client, ns, nodes, monitor) = monitored_setup("autoscale", 4).await?;
+    let (plain, kept, uncordoned, cordoned) = (&nodes[0], &nodes[1], &nodes[2], &nodes[3]);
     let nodes_api: Api<Node> = Api::all(client.clone());
-    // Someone keeps Karpenter off `kept` on purpose.
+    // Someone keeps Karpenter off `kept` on purpose, and cordons `cordoned` for reasons of theirs.
     let theirs = serde_json::json!({ "metadata": { "annotations": {
         cordon_mark::DO_NOT_DISRUPT_ANNOTATION: "true",
     } } });
     nodes_api
         .patch(kept, &PatchParams::default(), &Patch::Merge(&theirs))
+        .await?;
+    let cordon = serde_json::json!({ "spec": { "unschedulable": true } });
+    nodes_api
+        .patch(cordoned, &PatchParams::default(), &Patch::Merge(&cordon))
         .await?;
     let autoscaler_annotations = |node: &Node| -> BTreeMap<String, String> {
         node.annotations()
@@ -139,74 +146,111 @@ async fn the_cordon_keeps_the_autoscalers_off_until_the_release() -> Result<()> 
             .map(|(key, value)| (key.clone(), value.clone()))
             .collect()
     };
-    let before: Vec<BTreeMap<String, String>> = vec![
-        autoscaler_annotations(&nodes_api.get(plain).await?),
-        autoscaler_annotations(&nodes_api.get(kept).await?),
-    ];
+    let all = [plain, kept, uncordoned, cordoned];
+    let mut before = Vec::new();
+    for node in all {
+        before.push(autoscaler_annotations(&nodes_api.get(node).await?));
+    }
 
-    for (name, node) in [("plain", plain), ("kept", kept)] {
-        create_request(
-            &client,
-            &ns,
-            name,
-            request_spec(node, "autoscale.example.com"),
-        )
-        .await?;
-        wait_phase(&client, &ns, name, Phase::Ready, WAIT).await?;
+    let names = ["plain", "kept", "uncordoned", "cordoned"];
+    for (name, node) in names.into_iter().zip(all) {
+        let mut spec = request_spec(node, "autoscale.example.com");
+        if name == "uncordoned" {
+            spec.cordon = Some(false);
+        }
+        create_request(&client, &ns, name, spec).await?;
+    }
+    let mut ready = Vec::new();
+    for name in names {
+        ready.push(wait_phase(&client, &ns, name, Phase::Ready, WAIT).await?);
     }
     let (ca, karpenter, added) = (
         cordon_mark::SCALE_DOWN_DISABLED_ANNOTATION,
         cordon_mark::DO_NOT_DISRUPT_ANNOTATION,
         cordon_mark::AUTOSCALER_ANNOTATIONS_ADDED,
     );
-    let on_plain = autoscaler_annotations(&nodes_api.get(plain).await?);
-    ensure!(
-        on_plain
-            == BTreeMap::from([
-                (ca.to_string(), "true".to_string()),
-                (karpenter.to_string(), "true".to_string()),
-                (added.to_string(), format!("{ca},{karpenter}")),
-            ]),
-        "{plain} in maintenance: {on_plain:?}"
-    );
-    let on_kept = autoscaler_annotations(&nodes_api.get(kept).await?);
-    ensure!(
-        on_kept
-            == BTreeMap::from([
+    let both = BTreeMap::from([
+        (ca.to_string(), "true".to_string()),
+        (karpenter.to_string(), "true".to_string()),
+        (added.to_string(), format!("{ca},{karpenter}")),
+    ]);
+    for (node, expected) in [
+        (plain, both.clone()),
+        (
+            kept,
+            BTreeMap::from([
                 (ca.to_string(), "true".to_string()),
                 (karpenter.to_string(), "true".to_string()),
                 (added.to_string(), ca.to_string()),
             ]),
-        "{kept} in maintenance (Karpenter's annotation was there before): {on_kept:?}"
+        ),
+        (uncordoned, both.clone()),
+        (cordoned, both),
+    ] {
+        let on_node = autoscaler_annotations(&nodes_api.get(node).await?);
+        ensure!(on_node == expected, "{node} in maintenance: {on_node:?}");
+    }
+    // The nodes we did not cordon are as their owners left them, and marked by their request.
+    ensure!(
+        !node_unschedulable(&client, uncordoned).await?,
+        "cordon: false, yet {uncordoned} is cordoned"
     );
+    ensure!(
+        node_unschedulable(&client, cordoned).await?,
+        "{cordoned} lost the cordon someone else made"
+    );
+    for (node, request) in [(uncordoned, &ready[2]), (cordoned, &ready[3])] {
+        let on_node = nodes_api.get(node).await?;
+        let mark = on_node
+            .annotations()
+            .get(cordon_mark::PROTECTED_BY_UID_ANNOTATION);
+        ensure!(
+            mark == request.metadata.uid.as_ref(),
+            "{node} is marked protected-by {mark:?}, not by its request"
+        );
+    }
     // The gauge counts them (other tests of the shared operator may add theirs).
     let operator = &shared_cluster().await?.operator;
     wait_for(
-        "nodes_protected_from_autoscalers to count both",
+        "nodes_protected_from_autoscalers to count all four",
         WAIT,
         || async {
             let protected = operator
                 .metric("maintenance_operator_nodes_protected_from_autoscalers")
                 .await?;
-            Ok((protected >= 2.0).then_some(()))
+            Ok((protected >= 4.0).then_some(()))
         },
     )
     .await?;
 
-    for name in ["plain", "kept"] {
+    for name in names {
         release_request(&client, &ns, name, WAIT).await?;
     }
-    for (node, before) in [plain, kept].into_iter().zip(before) {
+    for (node, before) in all.into_iter().zip(before) {
         ensure!(
-            !node_unschedulable(&client, node).await?,
-            "{node} left cordoned"
+            node_unschedulable(&client, node).await? == (node == cordoned),
+            "{node}'s cordon is not as it was before the request"
         );
-        let after = autoscaler_annotations(&nodes_api.get(node).await?);
+        let on_node = nodes_api.get(node).await?;
+        let after = autoscaler_annotations(&on_node);
         ensure!(
             after == before,
             "{node} after the release: {after:?}, before the request: {before:?}"
         );
+        ensure!(
+            on_node
+                .annotations()
+                .keys()
+                .all(|key| !cordon_mark::is_mark(key)
+                    || cordon_mark::AUTOSCALER_ANNOTATIONS.contains(&key.as_str())),
+            "{node} keeps a mark after the release: {:?}",
+            on_node.annotations()
+        );
     }
+    let uncordon = serde_json::json!({ "spec": { "unschedulable": false } });
+    nodes_api
+        .patch(cordoned, &PatchParams::default(), &Patch::Merge(&uncordon))
+        .await?;
     monitor.held().await
 }
 
@@ -484,8 +528,8 @@ async fn kill_and_restart_resumes_every_request_within_the_limits() -> Result<()
 /// node unschedulable, and the node stayed cordoned for good.
 #[tokio::test]
 async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> Result<()> {
-    let (testbed, client, ns, nodes) = own_cluster("orphan", 2, Some(limits(1, None))).await?;
-    let node = &nodes[0];
+    let (testbed, client, ns, nodes) = own_cluster("orphan", 2, Some(limits(2, None))).await?;
+    let (node, uncordoned) = (&nodes[0], &nodes[1]);
     let _requests: Api<NodeMaintenance> = Api::namespaced(client.clone(), &ns);
     let mark_of = |node: Node| {
         node.annotations()
@@ -507,14 +551,31 @@ async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> 
         "the cordon marks {node} with its request"
     );
 
+    // A request that does not cordon its node marks it for the autoscaler annotations only.
+    let mut spec = request_spec(uncordoned, "orphan.example.com");
+    spec.cordon = Some(false);
+    create_request(&client, &ns, "gone-uncordoned", spec).await?;
+    let protected = wait_phase(&client, &ns, "gone-uncordoned", Phase::Ready, WAIT).await?;
+    ensure!(
+        nodes_api
+            .get(uncordoned)
+            .await?
+            .annotations()
+            .get(cordon_mark::PROTECTED_BY_UID_ANNOTATION)
+            == protected.metadata.uid.as_ref(),
+        "precondition: {uncordoned} is not marked by the request that protects it"
+    );
+
     operator.kill();
     let no_finalizers = serde_json::json!({ "metadata": { "finalizers": null } });
-    patch_request(&client, &ns, "gone", no_finalizers).await?;
-    delete_request(&client, &ns, "gone").await?;
-    ensure!(
-        get_request(&client, &ns, "gone").await?.is_none(),
-        "precondition: the request is still there"
-    );
+    for name in ["gone", "gone-uncordoned"] {
+        patch_request(&client, &ns, name, no_finalizers.clone()).await?;
+        delete_request(&client, &ns, name).await?;
+        ensure!(
+            get_request(&client, &ns, name).await?.is_none(),
+            "precondition: the request {name} is still there"
+        );
+    }
     request_node(&client, &ns, "next", node, "orphan.example.com").await?;
     operator.restart().await?;
 
@@ -573,6 +634,21 @@ async fn a_cordon_whose_request_went_while_the_operator_was_down_is_undone() -> 
         after.annotations()
     );
     assert_eq!(mark_of(after), None, "the uncordon removes the mark");
+    // The orphaned protection is undone too, and the node it was on was never cordoned.
+    wait_for(
+        "the sweep to remove the protection's mark and annotations",
+        WAIT,
+        || async {
+            let left = nodes_api.get(uncordoned).await?;
+            Ok(left
+                .annotations()
+                .keys()
+                .all(|key| !cordon_mark::is_mark(key))
+                .then_some(()))
+        },
+    )
+    .await?;
+    assert!(!node_unschedulable(&client, uncordoned).await?);
     Ok(())
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use maintenance_core::cordon_mark::{self, CordonMark};
+use maintenance_core::cordon_mark::{CordonMark, MarkKind};
 use maintenance_core::lifecycle::EventReason;
 use maintenance_core::pending_taint;
 use maintenance_core::tracker::Tracker;
@@ -95,21 +95,25 @@ pub(crate) fn uncordon_orphans(
         myself,
         due,
         |ctx, mark| async move {
-            let patch = cordon_mark::uncordon_patch(
-                mark.resource_version.as_deref(),
-                &mark.autoscaler_annotations,
-            );
+            let patch = mark.release_patch();
             let nodes: Api<Node> = Api::all(ctx.client.clone());
             let request = format!("{}/{} (uid {})", mark.namespace, mark.name, mark.uid);
             let result = nodes
                 .patch(&mark.node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .inspect(|written| {
+                    let undone = match mark.kind {
+                        MarkKind::Cordon => format!("uncordoned {}", mark.node),
+                        MarkKind::Protection => format!(
+                            "removed our autoscaler annotations from {} (the request had not \
+                             cordoned it)",
+                            mark.node
+                        ),
+                    };
                     let note = format!(
-                        "uncordoned {}: its request {request} went without our cleanup (deleted \
+                        "{undone}: its request {request} went without our cleanup (deleted \
                          under our finalizer, or the finalizer removed by hand) while no node \
-                         actor remembered it",
-                        mark.node
+                         actor remembered it"
                     );
                     tracing::warn!(node = %mark.node, %request, "orphaned cordon undone");
                     ctx.event_on(

@@ -51,6 +51,8 @@ pub(super) fn on_cordon(
             };
     if cordon && !already_cordoned {
         actions.push(Action::Cordon);
+    } else if !cordon {
+        actions.push(Action::ProtectFromAutoscalers);
     }
     let (next, message) = phase_after_cordon(request);
     actions.push(enter(request, next, message, now, |_| {}));

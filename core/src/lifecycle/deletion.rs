@@ -16,15 +16,17 @@ use super::{
 /// finalizer (a deletion that raced the admission's finalizer write: the DELETE found no finalizer
 /// and went through after the admission had added ours), or someone removed our finalizer by
 /// hand. Nothing else will undo what the request did to the node, so the actor undoes it now, as
-/// the deletion would have, from the last version it saw: the uncordon, if we owe it (from
-/// Scheduled on: the cordon may have happened). There is no object left to write.
+/// the deletion would have, from the last version it saw: the uncordon if we owe it, or the
+/// autoscaler annotations ([`node_release`]). There is no object left to write.
 pub fn on_request_gone(last: &NodeMaintenance, node: NodeView) -> Step {
     let mut step = Step {
         finished: true,
         ..Step::default()
     };
-    if owes_uncordon_once_gone(last) && matches!(node, NodeView::Present { .. }) {
-        step.actions.push(Action::Uncordon);
+    let release = node_release(last, node);
+    let uncordon = release == Some(Action::Uncordon);
+    step.actions.extend(release);
+    if uncordon {
         step.actions.push(Action::Event(Event {
             warning: true,
             reason: EventReason::Uncordon,
@@ -94,12 +96,9 @@ pub(super) fn on_deletion(
     // Scheduled on, since the Scheduled step cordons before it writes the next phase (a deletion
     // between the two must not leave the node cordoned). An uncordon we turn out not to owe sets
     // `unschedulable: false` on a node that already has it.
-    let cordon_done = phase != Phase::Pending;
-    let uncordon =
-        cordon_done && owes_uncordon(request) && matches!(observed.node, NodeView::Present { .. });
-    if uncordon {
-        actions.push(Action::Uncordon);
-    }
+    let release = node_release(request, observed.node);
+    let uncordon = release == Some(Action::Uncordon);
+    actions.extend(release);
     actions.push(Action::RemoveFinalizer {
         phase,
         in_phase_for: in_phase_for(request, now),
@@ -150,6 +149,24 @@ pub(super) fn on_node_gone(request: &NodeMaintenance, now: Timestamp) -> Step {
         note: message,
     }));
     step
+}
+
+/// What gives the node back at the end of `request` (its deletion, a yield, the request gone):
+/// the uncordon if we owe it ([`owes_uncordon`]), which removes the autoscaler annotations with
+/// the cordon; otherwise the autoscaler annotations an admission that did not cordon wrote. Only
+/// once the cordon may have happened: from Scheduled on, since the Scheduled step cordons (or
+/// protects) before it writes the next phase, and a deletion between the two must not leave the
+/// node cordoned. An uncordon we turn out not to owe sets `unschedulable: false` on a node that
+/// already has it.
+pub(super) fn node_release(request: &NodeMaintenance, node: NodeView) -> Option<Action> {
+    if request.phase() == Phase::Pending || !matches!(node, NodeView::Present { .. }) {
+        return None;
+    }
+    Some(if owes_uncordon(request) {
+        Action::Uncordon
+    } else {
+        Action::UnprotectFromAutoscalers
+    })
 }
 
 /// The uncordon is owed when we may have cordoned: the node was schedulable before, and the

@@ -157,6 +157,13 @@ pub enum Action {
     },
     Cordon,
     Uncordon,
+    /// Keep the autoscalers off a node the admission does not cordon (`cordon: false`, or a node
+    /// cordoned before us), if `admission.protectFromAutoscalers` says so
+    /// ([`crate::cordon_mark::protect_patch`]); the cordon does it in its own patch.
+    ProtectFromAutoscalers,
+    /// Give the autoscalers back a node this request protected without cordoning it
+    /// ([`crate::cordon_mark::unprotect_patch`]; a no-op when it did not).
+    UnprotectFromAutoscalers,
     /// Start these eviction calls (each answer comes back as
     /// [`LedgerEvent::EvictionAnswered`]).
     Evict(Vec<EvictionOrder>),

@@ -299,6 +299,11 @@ fn deletion_uncordons_only_a_node_we_cordoned() {
     nm.spec.cordon = Some(false);
     let step = run(&nm, SCHEDULABLE, None, at(5));
     assert!(!has(&step, &Action::Uncordon) && removes_finalizer(&step));
+    assert_eq!(
+        step.actions[0],
+        Action::UnprotectFromAutoscalers,
+        "the autoscaler annotations of a node we did not cordon go before the finalizer"
+    );
     // No initial state recorded: we cannot have cordoned.
     let step = run(
         &with_initial_state(deleting(request(Phase::Cordon)), None),
@@ -799,8 +804,47 @@ fn cordon_cordons_a_schedulable_node_and_picks_the_next_phase() {
         let step = run(&nm, SCHEDULABLE, None, at(1));
         let case = format!("{wait} {drain} {cordon} {initially}: {step:?}");
         assert_eq!(has(&step, &Action::Cordon), expect_cordon, "{case}");
+        // A node we do not cordon is kept from the autoscalers by a write of its own.
+        assert_eq!(
+            has(&step, &Action::ProtectFromAutoscalers),
+            !expect_cordon,
+            "{case}"
+        );
         assert_eq!(moved_to(&step), Some(next), "{case}");
     }
+}
+
+/// A node we do not cordon is still kept from the autoscalers (`cordon: false`, or cordoned
+/// before us), from the admission to the release; a node we cordon gets its annotations with the
+/// cordon, and a Pending request never wrote any.
+#[test]
+fn a_node_we_do_not_cordon_is_protected_and_given_back_at_the_release() {
+    let mut not_cordoned = with_initial_state(request(Phase::Scheduled), Some(false));
+    not_cordoned.spec.cordon = Some(false);
+    let cordoned_before = with_initial_state(request(Phase::Scheduled), Some(true));
+    for nm in [&not_cordoned, &cordoned_before] {
+        let step = run(nm, SCHEDULABLE, None, at(1));
+        assert!(has(&step, &Action::ProtectFromAutoscalers), "{step:?}");
+        assert!(!has(&step, &Action::Cordon), "{step:?}");
+        let mut ready = nm.clone();
+        ready.status = request(Phase::Ready).status;
+        let step = run(&deleting(ready), SCHEDULABLE, None, at(5));
+        assert_eq!(
+            step.actions[0],
+            Action::UnprotectFromAutoscalers,
+            "{step:?}"
+        );
+        assert!(removes_finalizer(&step));
+    }
+    let ours = with_initial_state(request(Phase::Scheduled), Some(false));
+    let step = run(&ours, SCHEDULABLE, None, at(1));
+    assert!(has(&step, &Action::Cordon) && !has(&step, &Action::ProtectFromAutoscalers));
+    let step = run(&deleting(request(Phase::Ready)), CORDONED, None, at(5));
+    assert!(!has(&step, &Action::UnprotectFromAutoscalers), "{step:?}");
+    let mut pending = deleting(request(Phase::Pending));
+    pending.spec.cordon = Some(false);
+    let step = run(&pending, SCHEDULABLE, None, at(5));
+    assert!(!has(&step, &Action::UnprotectFromAutoscalers), "{step:?}");
 }
 
 #[test]
@@ -2093,7 +2137,11 @@ fn a_request_gone_without_our_cleanup_has_its_cordon_undone() {
         "only its admission shows it Scheduled, and the first step cordons"
     );
     let before_us = with_initial_state(request(Phase::Ready), Some(true));
-    assert!(on_request_gone(&before_us, CORDONED).actions.is_empty());
+    assert_eq!(
+        on_request_gone(&before_us, CORDONED).actions,
+        [Action::UnprotectFromAutoscalers],
+        "a node cordoned before us keeps its cordon and loses our autoscaler annotations"
+    );
     assert!(
         on_request_gone(&request(Phase::Pending), CORDONED)
             .actions

@@ -13,7 +13,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use maintenance_crds::{NodeMaintenance, Phase};
 
-use super::deletion::owes_uncordon;
+use super::deletion::node_release;
 use super::{Action, Event, EventReason, NodeView, Step, enter};
 use crate::conditions;
 use crate::deadline;
@@ -99,13 +99,12 @@ pub(super) fn yield_step(
     let count = YieldRecord::of(request)
         .map_or(0, |r| r.count)
         .saturating_add(1);
-    let uncordon = owes_uncordon(request) && matches!(node, NodeView::Present { .. });
+    let release = node_release(request, node);
+    let uncordon = release == Some(Action::Uncordon);
     let message = yield_message(request, period, blocker, count, uncordon);
     let mut actions = Vec::new();
     // First, while the annotations still say whether the cordon is ours.
-    if uncordon {
-        actions.push(Action::Uncordon);
-    }
+    actions.extend(release);
     actions.push(Action::Yield {
         patch: yield_patch(request, count, now, &blocker.describe()),
         message: message.clone(),

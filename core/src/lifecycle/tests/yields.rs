@@ -236,6 +236,11 @@ fn a_node_that_was_cordoned_before_stays_cordoned_and_the_count_grows() {
     let (pods, mut ledger) = blocked_drain(&nm);
     let step = run_yielding(&nm, &pods, at(7), &mut ledger, Some(PERIOD));
     assert!(!has(&step, &Action::Uncordon), "{step:?}");
+    assert_eq!(
+        step.actions[0],
+        Action::UnprotectFromAutoscalers,
+        "the autoscaler annotations its admission wrote go with the slot"
+    );
     let patch = yield_patch_of(&step).expect("a yield");
     assert_eq!(
         patch["metadata"]["annotations"][YIELD_COUNT_ANNOTATION],
