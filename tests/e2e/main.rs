@@ -30,6 +30,7 @@ mod leader;
 mod lifecycle;
 mod node_groups;
 mod notifications;
+mod reboot;
 mod scheduling;
 mod security;
 mod testbed_smoke;
