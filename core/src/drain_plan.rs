@@ -960,6 +960,37 @@ mod tests {
         assert_eq!(classify(&r, &p), Evict);
     }
 
+    /// NVIDIA's requestor library sends `podEvictionFilters: [{byResourceNameRegex:
+    /// "nvidia.com/gpu-*"}]` (k8s-operator-libs `pkg/upgrade/upgrade_requestor.go`,
+    /// `MaintenanceOPEvictionGPU`), meant as "the GPU resources" and matched by NVIDIA's operator
+    /// with Go's `regexp.MatchString`: unanchored, `-*` any number of dashes, `.` any character.
+    #[test]
+    fn the_requestor_librarys_gpu_filter_matches_as_go_regexp_does() {
+        let r = rules(&filters(&[Some("nvidia.com/gpu-*")]));
+        assert_ne!(
+            classify(&r, &pod("ns", "a")),
+            Evict,
+            "a pod without GPUs stays"
+        );
+        for (resource, evicted) in [
+            ("nvidia.com/gpu", true),
+            ("nvidia.com/gpu-mig-1g.5gb", true),
+            ("nvidia.com/gpu.shared", true),
+            ("example.nvidia.com/gpu", true),
+            ("nvidiaXcom/gpu", true),
+            ("nvidia.com/mig-1g.5gb", false),
+            ("amd.com/gpu", false),
+        ] {
+            let p = with_container_resource(pod("ns", "a"), false, Where::Limits, resource);
+            let expected = if evicted {
+                Evict
+            } else {
+                classify(&r, &pod("ns", "a"))
+            };
+            assert_eq!(classify(&r, &p), expected, "{resource}");
+        }
+    }
+
     #[test]
     fn eviction_filter_entries_are_ored() {
         let r = rules(&filters(&[Some("^nvidia.com/gpu$"), Some("^rdma/")]));

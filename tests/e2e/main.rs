@@ -31,6 +31,7 @@ mod lifecycle;
 mod node_groups;
 mod notifications;
 mod reboot;
+mod requestor_watch;
 mod scheduling;
 mod security;
 mod testbed_smoke;
