@@ -290,12 +290,18 @@ pub fn cordon_mark(node: &Node) -> Option<CordonMark> {
     })
 }
 
-/// How many of `nodes` carry autoscaler annotations we added (with a cordon or without): the nodes kept from
-/// cluster-autoscaler and Karpenter now (the `nodes_protected_from_autoscalers` gauge).
-pub fn protected_from_autoscalers<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> usize {
-    nodes
-        .into_iter()
-        .filter(|node| !autoscaler_annotations_added(node.metadata.annotations.as_ref()).is_empty())
+/// The marks on `nodes`: one walk over the cache of nodes serves a round's orphans and gauge.
+pub fn marks<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<CordonMark> {
+    nodes.into_iter().filter_map(cordon_mark).collect()
+}
+
+/// How many of the nodes with `marks` carry autoscaler annotations we added (with a cordon or
+/// without): the nodes kept from cluster-autoscaler and Karpenter now (the
+/// `nodes_protected_from_autoscalers` gauge). Our write adds them with the mark, always.
+pub fn protected_from_autoscalers(marks: &[CordonMark]) -> usize {
+    marks
+        .iter()
+        .filter(|mark| !mark.autoscaler_annotations.is_empty())
         .count()
 }
 
@@ -303,14 +309,14 @@ pub fn protected_from_autoscalers<'a>(nodes: impl IntoIterator<Item = &'a Node>)
 /// has a request actor running (or one that ended: it removed the mark, and a cache that shows it is
 /// behind), an admission on its way, or a request the cache shows that needs an actor
 /// (`lifecycle::needs_actor`).
-pub fn orphaned_cordons<'a>(
-    nodes: impl IntoIterator<Item = &'a Node>,
+pub fn orphaned_cordons(
+    marks: &[CordonMark],
     in_progress: impl Fn(&str) -> bool,
 ) -> Vec<CordonMark> {
-    nodes
-        .into_iter()
-        .filter_map(cordon_mark)
+    marks
+        .iter()
         .filter(|mark| !in_progress(&mark.uid))
+        .cloned()
         .collect()
 }
 
@@ -392,7 +398,7 @@ mod tests {
             .build();
         let unprotected = patched(&fixtures::node("d").build(), &cordon_patch(&request(), &[]));
         assert_eq!(
-            protected_from_autoscalers([&plain, &cordoned, &theirs, &unprotected]),
+            protected_from_autoscalers(&marks([&plain, &cordoned, &theirs, &unprotected])),
             1
         );
         let released = patched(
@@ -402,7 +408,7 @@ mod tests {
                 &autoscaler_annotations_added(cordoned.metadata.annotations.as_ref()),
             ),
         );
-        assert_eq!(protected_from_autoscalers([&released]), 0);
+        assert_eq!(protected_from_autoscalers(&marks([&released])), 0);
     }
 
     fn request() -> NodeMaintenance {
@@ -580,7 +586,7 @@ mod tests {
             mark.autoscaler_annotations,
             [SCALE_DOWN_DISABLED_ANNOTATION]
         );
-        assert_eq!(protected_from_autoscalers([&protected]), 1);
+        assert_eq!(protected_from_autoscalers(&marks([&protected])), 1);
         // Written again after a lost answer: the same.
         let again = protect_patch(&request(), protected.metadata.annotations.as_ref(), true);
         assert_eq!(again.as_ref(), Some(&patch));
@@ -663,8 +669,9 @@ mod tests {
         let marked = patched(&node("n1", "7"), &cordon_patch(&request(), &[]));
         let unmarked = node("n2", "8");
         let nodes = [marked, unmarked];
-        assert!(orphaned_cordons(&nodes, |uid| uid == "uid-m").is_empty());
-        let orphans = orphaned_cordons(&nodes, |_| false);
+        let marks = marks(&nodes);
+        assert!(orphaned_cordons(&marks, |uid| uid == "uid-m").is_empty());
+        let orphans = orphaned_cordons(&marks, |_| false);
         assert_eq!(orphans.len(), 1);
         assert_eq!(orphans[0].node, "n1");
         assert_eq!(orphans[0].resource_version.as_deref(), Some("7"));

@@ -385,12 +385,6 @@ async fn round(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
     collect_garbage(myself, state, &requests, &cache, &policy, now).await;
     let snapshot = snapshot(myself, state, &requests, &nodes, &cache);
     ctx.metrics.count_phases(requests.iter().map(|r| r.phase()));
-    ctx.metrics.scheduler.nodes_protected_from_autoscalers.set(
-        i64::try_from(cordon_mark::protected_from_autoscalers(
-            nodes.iter().map(|n| n.as_ref()),
-        ))
-        .unwrap_or(i64::MAX),
-    );
     let mut limits = Limits::from_config(config.as_ref());
     let gates = config.as_ref().map(|c| c.gates()).unwrap_or_default();
     let observations = {
@@ -557,7 +551,14 @@ fn snapshot(
         .hold_nodes_of_gone_requests(&mut snapshot, running, cache);
     // An actor that ended has removed its mark with its uncordon; a cache of nodes that still
     // shows it is behind, and the node is not held for it.
-    let orphans = cordon_mark::orphaned_cordons(nodes.iter().map(|n| &**n), |uid| {
+    let marks = cordon_mark::marks(nodes.iter().map(|n| &**n));
+    state
+        .ctx
+        .metrics
+        .scheduler
+        .nodes_protected_from_autoscalers
+        .set(i64::try_from(cordon_mark::protected_from_autoscalers(&marks)).unwrap_or(i64::MAX));
+    let orphans = cordon_mark::orphaned_cordons(&marks, |uid| {
         state
             .tracker
             .in_progress(uid, state.actors.contains_key(uid), cache)
@@ -650,28 +651,30 @@ fn execute(
         now,
         || SupervisorMsg::AdmissionRetryDue,
     );
-    let uid_of = |key: &RequestKey| {
-        cache
-            .request_named(&key.namespace, &key.name)
-            .and_then(|r| r.metadata.uid.clone())
-    };
-    let to_send: Vec<RequestKey> = scheduler::admissions_to_send(&decision, |key| {
-        uid_of(key).is_some_and(|uid| state.tracker.can_begin_admission(&uid))
-    })
-    .into_iter()
-    .cloned()
-    .collect();
+    // Each admitted request with its cached object, looked up once.
+    let admitted: HashMap<&RequestKey, &Arc<NodeMaintenance>> = decision
+        .scheduled
+        .iter()
+        .filter_map(|key| Some((key, cache.request_named(&key.namespace, &key.name)?)))
+        .collect();
+    let to_send: Vec<&RequestKey> = scheduler::admissions_to_send(&decision, |key| {
+        admitted
+            .get(key)
+            .and_then(|r| r.metadata.uid.as_deref())
+            .is_some_and(|uid| state.tracker.can_begin_admission(uid))
+    });
+    let sent: HashSet<&RequestKey> = to_send.iter().copied().collect();
     let groups_sent = decision
         .node_groups
         .iter()
-        .filter(|g| g.admitted && g.requests.first().is_some_and(|k| to_send.contains(k)))
+        .filter(|g| g.admitted && g.requests.first().is_some_and(|k| sent.contains(k)))
         .count();
     ctx.metrics
         .scheduler
         .node_groups_admitted_total
         .inc_by(u64::try_from(groups_sent).unwrap_or(u64::MAX));
-    for key in &to_send {
-        let Some(request) = cache.request_named(&key.namespace, &key.name) else {
+    for key in to_send {
+        let Some(request) = admitted.get(key) else {
             continue;
         };
         let Some(uid) = request.metadata.uid.as_deref() else {
@@ -682,7 +685,7 @@ fn execute(
             .begin_admission(uid, request.metadata.resource_version.as_deref())
         {
             let node = cache.node(&request.spec.node_name).cloned();
-            writes::admission::spawn_admission(myself, &ctx, request.clone(), node);
+            writes::admission::spawn_admission(myself, &ctx, Arc::clone(request), node);
         }
     }
     explain(myself, state, decision.waiting, cache, limits, policy)
