@@ -386,22 +386,45 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn request(operation: &str, object: serde_json::Value) -> AdmissionRequest<DynamicObject> {
-        let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
+    /// An AdmissionReview of `operation` on the `kind` (`resource`) `namespace/name`, with no
+    /// object; tests add `object` and `oldObject` as they need.
+    fn review_of(
+        (kind, resource): (&str, &str),
+        (namespace, name): (&str, &str),
+        uid: &str,
+        operation: &str,
+    ) -> serde_json::Value {
+        json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
             "request": {
-                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-                "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "NodeMaintenance"},
-                "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "nodemaintenances"},
-                "name": "fw",
-                "namespace": "team-a",
+                "uid": uid,
+                "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": kind},
+                "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": resource},
+                "name": name,
+                "namespace": namespace,
                 "operation": operation,
-                "userInfo": {"username": "admin"},
-                "object": object,
+                "userInfo": {},
             }
-        }))
-        .expect("a valid review");
+        })
+    }
+
+    /// [`review_of`] the NodeMaintenance `team-a/fw`.
+    fn nm_review(uid: &str, operation: &str) -> serde_json::Value {
+        review_of(
+            ("NodeMaintenance", "nodemaintenances"),
+            ("team-a", "fw"),
+            uid,
+            operation,
+        )
+    }
+
+    fn request(operation: &str, object: serde_json::Value) -> AdmissionRequest<DynamicObject> {
+        let mut review = nm_review("705ab4f5-6393-11e8-b7cc-42010a800002", operation);
+        review["request"]["userInfo"] = json!({"username": "admin"});
+        review["request"]["object"] = object;
+        let review: AdmissionReview<DynamicObject> =
+            serde_json::from_value(review).expect("a valid review");
         review.try_into().expect("a request")
     }
 
@@ -515,19 +538,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_review_without_object_is_a_400_and_other_operations_pass() {
-        let mut review = json!({
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "u1",
-                "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "NodeMaintenance"},
-                "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "nodemaintenances"},
-                "name": "fw",
-                "namespace": "team-a",
-                "operation": "CREATE",
-                "userInfo": {},
-            }
-        });
+        let mut review = nm_review("u1", "CREATE");
         let (status, text, reviewer) = call(review.to_string().as_bytes()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
         assert!(text.contains("carries no object"), "{text}");
@@ -545,26 +556,19 @@ mod tests {
     #[tokio::test]
     async fn a_config_review_refuses_what_the_scheduler_cannot_use() {
         let review = |spec: serde_json::Value| {
-            json!({
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "request": {
-                    "uid": "c1",
-                    "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "MaintenanceOperatorConfig"},
-                    "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "maintenanceoperatorconfigs"},
-                    "name": "default",
-                    "namespace": "maintenance-operator",
-                    "operation": "CREATE",
-                    "userInfo": {},
-                    "object": {
-                        "apiVersion": "maintenance.nvidia.com/v1alpha1",
-                        "kind": "MaintenanceOperatorConfig",
-                        "metadata": {"name": "default", "namespace": "maintenance-operator"},
-                        "spec": spec,
-                    },
-                }
-            })
-            .to_string()
+            let mut review = review_of(
+                ("MaintenanceOperatorConfig", "maintenanceoperatorconfigs"),
+                ("maintenance-operator", "default"),
+                "c1",
+                "CREATE",
+            );
+            review["request"]["object"] = json!({
+                "apiVersion": "maintenance.nvidia.com/v1alpha1",
+                "kind": "MaintenanceOperatorConfig",
+                "metadata": {"name": "default", "namespace": "maintenance-operator"},
+                "spec": spec,
+            });
+            review.to_string()
         };
         let never = json!({"maintenanceWindows": [{"schedule": "0 0 31 2 *", "duration": "1h"}]});
         let (status, text, reviewer) = call(review(never).as_bytes()).await;
@@ -593,21 +597,9 @@ mod tests {
     async fn an_update_is_decided_without_a_lookup() {
         let mut object = nm_object("node-7");
         object["spec"]["drainSpec"] = json!({"podSelector": "app in (web"});
-        let review = json!({
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "u2",
-                "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "NodeMaintenance"},
-                "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "nodemaintenances"},
-                "name": "fw",
-                "namespace": "team-a",
-                "operation": "UPDATE",
-                "userInfo": {},
-                "object": object,
-                "oldObject": nm_object("node-7"),
-            }
-        });
+        let mut review = nm_review("u2", "UPDATE");
+        review["request"]["object"] = object;
+        review["request"]["oldObject"] = nm_object("node-7");
         let (status, text, reviewer) = call(review.to_string().as_bytes()).await;
         assert_eq!(status, StatusCode::OK, "{text}");
         let answer: serde_json::Value = serde_json::from_str(&text).expect("JSON");
@@ -726,16 +718,9 @@ mod tests {
             old in any_json(),
             operation in proptest::sample::select(vec!["CREATE", "UPDATE", "DELETE", "CONNECT", "X"]),
         ) {
-            let mut review = json!({
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "request": {
-                    "uid": "u", "name": "fw", "namespace": "team-a", "operation": operation,
-                    "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "NodeMaintenance"},
-                    "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "nodemaintenances"},
-                    "userInfo": {}, "object": object, "oldObject": old,
-                },
-            });
+            let mut review = nm_review("u", operation);
+            review["request"]["object"] = object;
+            review["request"]["oldObject"] = old;
             // Sometimes the whole request is replaced by garbage too.
             if let (Some(extra), Some(target)) = (request.as_object(), review["request"].as_object_mut()) {
                 for (key, value) in extra {
@@ -747,16 +732,9 @@ mod tests {
 
         #[test]
         fn fuzz_truncated_and_corrupted_reviews_never_panic(cut in 0usize..600, flip in 0usize..600, byte in proptest::prelude::any::<u8>()) {
-            let review = json!({
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "request": {
-                    "uid": "u", "name": "fw", "namespace": "team-a", "operation": "UPDATE",
-                    "kind": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "kind": "NodeMaintenance"},
-                    "resource": {"group": "maintenance.nvidia.com", "version": "v1alpha1", "resource": "nodemaintenances"},
-                    "userInfo": {}, "object": nm_object("node-7"), "oldObject": nm_object("node-7"),
-                },
-            });
+            let mut review = nm_review("u", "UPDATE");
+            review["request"]["object"] = nm_object("node-7");
+            review["request"]["oldObject"] = nm_object("node-7");
             let mut body = review.to_string().into_bytes();
             if flip < body.len() {
                 body[flip] = byte;
