@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use maintenance_core::drain_plan::pdb_selects;
 use maintenance_core::eviction::{
-    DeleteOutcome, EvictionOutcome, GateVerdict, PdbAllowance, TokenBook,
+    DeleteOutcome, EvictionOutcome, GateVerdict, Lane, PdbAllowance, TokenBook,
 };
 use maintenance_core::lifecycle::EvictionOrder;
 
@@ -114,17 +114,47 @@ pub struct QueuedEviction {
     pub answer: EvictionAnswer,
 }
 
-/// The one eviction executor. Evictions wait in one queue, first come first called, as data
-/// (64 bytes and a 16-byte answer each) rather than as tasks: 500 nodes of 20 pods put 10,000 evictions in line
-/// at once, and as tasks each held a future, a timer and its share of the rate limiter's wake-ups
-/// (every waiter woke whenever a call was let through). One dispatcher takes them in turn: a call
-/// slot, then the budget's gate, then the rate limit, then the call in a task of its own that
-/// lives as long as the call.
+/// The one eviction executor. Evictions wait in two queues, as data (64 bytes and a 16-byte
+/// answer each) rather than as tasks: 500 nodes of 20 pods put 10,000 evictions in line at once,
+/// and as tasks each held a future, a timer and its share of the rate limiter's wake-ups (every
+/// waiter woke whenever a call was let through). First attempts wait in one queue and retries
+/// (pods refused or held before, whose budget may have room now) in the other, and the
+/// dispatcher takes from them in turns ([`Lane::next_order`]), first queued first called within
+/// each: a retry no longer waits behind every first attempt queued after it was refused. It
+/// takes a call slot, then the budget's gate, then the rate limit, then makes the call in a task
+/// of its own that lives as long as the call.
 pub struct Evictor {
     calls: Arc<Calls>,
-    queue: mpsc::UnboundedSender<QueuedEviction>,
+    first_attempts: mpsc::UnboundedSender<QueuedEviction>,
+    retries: mpsc::UnboundedSender<QueuedEviction>,
     /// Taken by the first eviction queued, which starts the dispatcher (a runtime is needed).
-    dispatcher: Mutex<Option<mpsc::UnboundedReceiver<QueuedEviction>>>,
+    dispatcher: Mutex<Option<Queues>>,
+}
+
+/// The receiving ends of the two lanes.
+struct Queues {
+    first_attempts: mpsc::UnboundedReceiver<QueuedEviction>,
+    retries: mpsc::UnboundedReceiver<QueuedEviction>,
+}
+
+impl Queues {
+    /// The next eviction, from the lane whose turn it is when both hold one; `None` once the
+    /// evictor is gone.
+    async fn next(&mut self, last: Option<Lane>) -> Option<(Lane, QueuedEviction)> {
+        let take = |lane: Lane, eviction: Option<QueuedEviction>| eviction.map(|e| (lane, e));
+        match Lane::next_order(last) {
+            [Lane::Retry, _] => tokio::select! {
+                biased;
+                Some(e) = self.retries.recv() => Some((Lane::Retry, e)),
+                e = self.first_attempts.recv() => take(Lane::FirstAttempt, e),
+            },
+            _ => tokio::select! {
+                biased;
+                Some(e) = self.first_attempts.recv() => Some((Lane::FirstAttempt, e)),
+                e = self.retries.recv() => take(Lane::Retry, e),
+            },
+        }
+    }
 }
 
 /// What the dispatcher and the calls it starts share.
@@ -158,7 +188,8 @@ impl Evictor {
         pdbs: Store<PodDisruptionBudget>,
         max_in_flight: usize,
     ) -> Evictor {
-        let (queue, dispatcher) = mpsc::unbounded_channel();
+        let (first_attempts, first_attempts_rx) = mpsc::unbounded_channel();
+        let (retries, retries_rx) = mpsc::unbounded_channel();
         Evictor {
             calls: Arc::new(Calls {
                 gate: PdbGate {
@@ -170,8 +201,12 @@ impl Evictor {
                 metrics,
                 slots: Arc::new(Semaphore::new(max_in_flight.max(1))),
             }),
-            queue,
-            dispatcher: Mutex::new(Some(dispatcher)),
+            first_attempts,
+            retries,
+            dispatcher: Mutex::new(Some(Queues {
+                first_attempts: first_attempts_rx,
+                retries: retries_rx,
+            })),
         }
     }
 
@@ -206,7 +241,11 @@ impl Evictor {
             tokio::spawn(dispatch(self.calls.clone(), queue));
         }
         self.calls.metrics.drain.evictions_queued.inc();
-        if self.queue.send(eviction).is_err() {
+        let queue = match Lane::of(eviction.order.is_retry) {
+            Lane::FirstAttempt => &self.first_attempts,
+            Lane::Retry => &self.retries,
+        };
+        if queue.send(eviction).is_err() {
             // Only when the dispatcher is gone, which it never is while the evictor lives.
             self.calls.metrics.drain.evictions_queued.dec();
         }
@@ -244,13 +283,15 @@ impl Evictor {
 }
 
 /// Takes the queued evictions in turn until the evictor is dropped.
-async fn dispatch(calls: Arc<Calls>, mut queue: mpsc::UnboundedReceiver<QueuedEviction>) {
-    while let Some(QueuedEviction {
-        order,
-        cancel,
-        answer,
-    }) = queue.recv().await
-    {
+async fn dispatch(calls: Arc<Calls>, mut queues: Queues) {
+    let mut last = None;
+    while let Some((lane, eviction)) = queues.next(last).await {
+        last = Some(lane);
+        let QueuedEviction {
+            order,
+            cancel,
+            answer,
+        } = eviction;
         calls.metrics.drain.evictions_queued.dec();
         if cancel.is_cancelled() {
             continue;
@@ -662,6 +703,42 @@ mod queue {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// A retry (a pod refused before, whose budget may have room now) queued behind many first
+    /// attempts is called second, not last: the lanes take turns. The dispatcher runs only when
+    /// the test awaits (one thread), so every eviction is in line before the first call.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_retry_is_not_queued_behind_the_first_attempts() {
+        const FIRST_ATTEMPTS: usize = 200;
+        let evictor = evictor(pdb_cache(Vec::new()), 1);
+        let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let mut submit = |order: EvictionOrder| {
+            let answered = answered.clone();
+            evictor.submit(QueuedEviction {
+                order,
+                cancel: cancel.clone(),
+                answer: Box::new(move |order, _| {
+                    let _ = answered.send(order.name().to_string());
+                }),
+            });
+        };
+        for i in 0..FIRST_ATTEMPTS {
+            submit(order(&format!("first-{i}"), "web"));
+        }
+        let mut retry = order("retry", "web");
+        retry.is_retry = true;
+        submit(retry);
+        let mut position = 0;
+        while let Some(name) = answers.recv().await {
+            position += 1;
+            if name == "retry" {
+                break;
+            }
+        }
+        println!("a retry queued behind {FIRST_ATTEMPTS} first attempts was called {position}th");
+        assert_eq!(position, 2, "first-0, then the retry");
     }
 
     /// Cancelled while it waits (its request went), an eviction is neither called nor

@@ -308,7 +308,7 @@ impl DrainMetrics {
             ))?,
             evictions_queued: IntGauge::with_opts(opts(
                 "evictions_queued",
-                "Evictions waiting for their turn: called first come first served, as the eviction rate limit and the bound on calls in flight allow",
+                "Evictions waiting for their turn: first attempts and retries take turns, each first come first served, as the eviction rate limit and the bound on calls in flight allow",
             ))?,
             pods_blocked_by_pdb: GaugeVec::new(
                 opts(

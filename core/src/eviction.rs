@@ -107,6 +107,38 @@ impl GateVerdict {
     }
 }
 
+/// The evictor's two queues. A retry is the eviction of a pod that was refused (or held) before
+/// and waited out its back-off: its budget may have room now. Behind one queue it would wait for
+/// every first attempt queued meanwhile (10,000 when 500 nodes of 20 pods drain at once), while
+/// the room it waited for is taken by others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    FirstAttempt,
+    Retry,
+}
+
+impl Lane {
+    /// The lane an eviction waits in.
+    pub fn of(is_retry: bool) -> Lane {
+        if is_retry {
+            Lane::Retry
+        } else {
+            Lane::FirstAttempt
+        }
+    }
+
+    /// The lanes in the order the dispatcher looks at them after it took from `last`: they take
+    /// turns while both hold evictions, so a retry waits for at most as many first attempts as
+    /// there are retries ahead of it; a lane alone flows at full speed. First attempts first at
+    /// the start.
+    pub fn next_order(last: Option<Lane>) -> [Lane; 2] {
+        match last {
+            Some(Lane::FirstAttempt) => [Lane::Retry, Lane::FirstAttempt],
+            Some(Lane::Retry) | None => [Lane::FirstAttempt, Lane::Retry],
+        }
+    }
+}
+
 /// Per-budget admission of eviction calls across all node actors: no more calls in flight for a
 /// PodDisruptionBudget than its `disruptionsAllowed`, so the API server is not asked for
 /// evictions it can only refuse (each refusal is a 429 that every other controller's requests
@@ -201,6 +233,42 @@ impl TokenBook {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both lanes busy: they take turns; one lane alone is taken every time it is looked at
+    /// first or second.
+    #[test]
+    fn the_lanes_take_turns() {
+        let table = [
+            (None, [Lane::FirstAttempt, Lane::Retry]),
+            (Some(Lane::FirstAttempt), [Lane::Retry, Lane::FirstAttempt]),
+            (Some(Lane::Retry), [Lane::FirstAttempt, Lane::Retry]),
+        ];
+        for (last, order) in table {
+            assert_eq!(Lane::next_order(last), order, "{last:?}");
+        }
+        // A retry queued behind 10,000 first attempts is the second taken, not the 10,001st.
+        let (mut firsts, mut retries) = (10_000, 1);
+        let mut last = None;
+        let mut taken = 0;
+        while retries > 0 {
+            let lane = Lane::next_order(last)
+                .into_iter()
+                .find(|lane| match lane {
+                    Lane::FirstAttempt => firsts > 0,
+                    Lane::Retry => retries > 0,
+                })
+                .expect("work waits");
+            match lane {
+                Lane::FirstAttempt => firsts -= 1,
+                Lane::Retry => retries -= 1,
+            }
+            taken += 1;
+            last = Some(lane);
+        }
+        assert_eq!(taken, 2);
+        assert_eq!(Lane::of(true), Lane::Retry);
+        assert_eq!(Lane::of(false), Lane::FirstAttempt);
+    }
     use crate::fixtures::at;
 
     fn pdb(name: &str, version: &str, allowed: i32) -> PdbAllowance {
