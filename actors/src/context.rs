@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
-use maintenance_crds::{NodeMaintenance, NodeMaintenanceStatus, Phase};
+use maintenance_core::machine_config_pool::Detection;
+use maintenance_crds::{MachineConfigPools, NodeMaintenance, NodeMaintenanceStatus, Phase};
 
 use crate::events::EventQueue;
 use crate::evictor::Evictor;
@@ -63,6 +64,15 @@ pub struct Context {
     /// The config's `admission.yieldBlockedDrainAfterSeconds` as the supervisor last read it, in
     /// seconds; 0: unset (a drain that budgets block keeps its slot).
     pub yield_blocked_drain_after_seconds: AtomicU64,
+    /// The config's `openshift.machineConfigPools`, as the supervisor last read it.
+    machine_config_pools: std::sync::Mutex<MachineConfigPools>,
+    /// The last automatic detection of OpenShift, and when it was made; forgotten when the
+    /// setting changes (`machine_config_pool::pools_on` says when it is made again).
+    pub openshift_detection: std::sync::Mutex<Option<(Detection, jiff::Timestamp)>>,
+    /// Held by a request actor from reading its node's pool to writing it, and by a release from
+    /// reading a pool and its holders to unpausing it: a pause and a release never interleave
+    /// (NVIDIA's `mcpManager` holds a mutex the same way, internal/openshift/mcp.go).
+    pub pools_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Default of [`Context::missing_node_grace`]: long enough for a node being provisioned to
@@ -102,6 +112,33 @@ impl Context {
             missing_node_grace: DEFAULT_MISSING_NODE_GRACE,
             protect_from_autoscalers: AtomicBool::new(true),
             yield_blocked_drain_after_seconds: AtomicU64::new(0),
+            machine_config_pools: std::sync::Mutex::new(MachineConfigPools::Auto),
+            openshift_detection: std::sync::Mutex::new(None),
+            pools_lock: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// The config's `openshift.machineConfigPools`.
+    pub fn machine_config_pools(&self) -> MachineConfigPools {
+        *self
+            .machine_config_pools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Applies the config's `openshift.machineConfigPools`; a change forgets the detection, so
+    /// that the next request that needs it detects again.
+    pub fn set_machine_config_pools(&self, setting: MachineConfigPools) {
+        let mut current = self
+            .machine_config_pools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *current != setting {
+            *current = setting;
+            *self
+                .openshift_detection
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         }
     }
 

@@ -11,6 +11,7 @@ pub mod gates;
 pub mod http_client;
 pub mod metrics;
 pub mod notifier;
+pub mod openshift;
 pub mod pdb_watch;
 pub mod request_actor;
 pub mod supervisor;

@@ -28,6 +28,7 @@ use maintenance_core::lifecycle::{
     self, Action, EventReason, EvictionOrder, ForceDeleteOrder, Ledger, LedgerEvent, LedgerOutlook,
     NodeView, Observed, Step,
 };
+use maintenance_core::machine_config_pool::{self as mcp, PoolObservation};
 use maintenance_core::notifications::{Detail, NotificationEvent};
 use maintenance_core::pod_view::CachedPod;
 use maintenance_crds::{
@@ -39,6 +40,7 @@ use tokio::time::Instant;
 
 use crate::context::{Context, api_message, api_status_code, is_conflict, is_not_found};
 use crate::evictor::QueuedEviction;
+use crate::openshift;
 use crate::task::AbortOnDrop;
 use crate::watch_connections::WatchSlot;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -119,6 +121,8 @@ pub struct RequestActorState {
     /// been sent yet (and so does stopping the actor).
     calls: HashMap<String, RunningCall>,
     next_call: u64,
+    /// The pools lock (`Context::pools_lock`), while a step that read its node's pool executes.
+    pool_lock: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 /// A call started by this actor: `id` tells its answer from a later call's for the same pod.
@@ -159,6 +163,7 @@ impl RequestActorState {
             progress_reported: false,
             calls: HashMap::new(),
             next_call: 0,
+            pool_lock: None,
         }
     }
 
@@ -400,6 +405,83 @@ async fn observe_node(state: &RequestActorState) -> Result<NodeView, kube::Error
     Ok(NodeView::of(node.as_ref()))
 }
 
+/// Whether MachineConfigPools are paused: the config's setting, and for `Auto` the detection,
+/// made again when [`mcp::pools_on`] says so (NVIDIA detects once, at start, in
+/// cmd/maintenance-manager/main.go).
+async fn pools_enabled(state: &RequestActorState) -> Result<bool, StepError> {
+    let ctx = &state.ctx;
+    let now = jiff::Timestamp::now();
+    let last = *ctx
+        .openshift_detection
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match mcp::pools_on(ctx.machine_config_pools(), last, now) {
+        mcp::PoolsOn::Yes => Ok(true),
+        mcp::PoolsOn::No => Ok(false),
+        mcp::PoolsOn::Detect => {
+            let found = openshift::detect(&ctx.client)
+                .await
+                .map_err(|err| StepError {
+                    call: Some(StepCall::DetectOpenShift),
+                    err,
+                })?;
+            let on = found == mcp::Detection::OpenShift;
+            if last.map(|(before, _)| before) != Some(found) {
+                tracing::info!(cluster = %found, machine_config_pools = on, "detected the cluster type (openshift.machineConfigPools: Auto)");
+            }
+            *ctx.openshift_detection
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((found, now));
+            Ok(on)
+        }
+    }
+}
+
+/// The pool of the node, from the node as the API server has it (the cache keeps no
+/// annotations).
+async fn observe_pool(state: &RequestActorState) -> Result<PoolObservation, kube::Error> {
+    match node_api(state).get_opt(state.node()).await? {
+        Some(node) => openshift::observe_pool(&state.ctx.client, &node).await,
+        None => Ok(PoolObservation::Unresolved(
+            mcp::Unresolved::NoDesiredConfig,
+        )),
+    }
+}
+
+/// The release of a request that labelled `pool` (NVIDIA's `UnpauseMCP`): the pool and the
+/// requests that hold it are read under the pools lock, and the pool is unpaused when the core
+/// says so.
+async fn release_pool(state: &RequestActorState, pool: &str) -> Result<(), kube::Error> {
+    let _lock = match state.pool_lock {
+        Some(_) => None,
+        None => Some(state.ctx.pools_lock.clone().lock_owned().await),
+    };
+    let client = &state.ctx.client;
+    let view = openshift::read_pool(client, pool).await?;
+    let holders = match &view {
+        Some(view) if view.paused_by_us => openshift::holders(client, pool).await?,
+        _ => Vec::new(),
+    };
+    let me = state.request.metadata.uid.as_deref();
+    match (mcp::release_verdict(view.as_ref(), me, &holders), &view) {
+        (mcp::ReleaseVerdict::Unpause, Some(view)) => {
+            openshift::set_paused(client, view, false).await?;
+            tracing::info!(request = %state.key(), %pool, "unpaused the MachineConfigPool: its last request ended");
+            let request = state.request.clone();
+            state.ctx.event(
+                &request,
+                false,
+                EventReason::MachineConfigPoolUnpaused.as_str(),
+                format!("unpaused MachineConfigPool {pool}: its last request ended"),
+            );
+        }
+        (verdict, _) => {
+            tracing::debug!(request = %state.key(), %pool, ?verdict, "the MachineConfigPool stays as it is");
+        }
+    }
+    Ok(())
+}
+
 /// A call of a step failed.
 struct StepError {
     /// Which (`None`: one that names no call).
@@ -416,6 +498,22 @@ async fn run_step(
         call: Some(StepCall::ReadNode),
         err,
     })?;
+    // The node's MachineConfigPool, for the step that cordons, when pools are paused; the pools
+    // lock is held from this read to the step's writes.
+    let mut pool_lock = None;
+    let pool = if !state.gone
+        && node != NodeView::Missing
+        && lifecycle::observes_pool(&state.request)
+        && pools_enabled(state).await?
+    {
+        pool_lock = Some(state.ctx.pools_lock.clone().lock_owned().await);
+        Some(observe_pool(state).await.map_err(|err| StepError {
+            call: Some(StepCall::ReadPool),
+            err,
+        })?)
+    } else {
+        None
+    };
     look_up_covering_pdbs(state).await;
     // The drain reads the cached pods as they are (shared, not copied).
     let pods = cached_pods(state);
@@ -427,6 +525,7 @@ async fn run_step(
         pdb_summaries: &pdb_summaries,
         operator: &state.ctx.identity,
         yield_after: state.ctx.yield_blocked_drain_after(),
+        pool: pool.as_ref(),
     };
     let now = jiff::Timestamp::now();
     let step = lifecycle::step(&state.request, &observed, now, &mut state.ledger);
@@ -441,7 +540,9 @@ async fn run_step(
         state.pods = None;
     }
     let moved = step.transition().is_some();
+    state.pool_lock = pool_lock;
     let executed = execute(myself, state, &step).await;
+    state.pool_lock = None;
     // Whether or not every action ran: orders that never started are due again, and calls the
     // ledger no longer waits for are cancelled.
     settle_calls(state);
@@ -550,10 +651,20 @@ async fn annotate(
     key: &str,
     value: String,
 ) -> Result<(), kube::Error> {
+    set_metadata(state, "annotations", key, &value).await
+}
+
+/// Sets one entry of the request's `labels` or `annotations` (`map`), as [`annotate`].
+async fn set_metadata(
+    state: &mut RequestActorState,
+    map: &str,
+    key: &str,
+    value: &str,
+) -> Result<(), kube::Error> {
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": state.request.resource_version(),
-            "annotations": { key: value },
+            map: { key: value },
         }
     });
     let updated = request_api(state)
@@ -681,6 +792,14 @@ async fn execute_action(
             .drain
             .drain_duration_seconds
             .observe(after.as_secs_f64()),
+        Action::LabelPool { pool } => {
+            set_metadata(state, "labels", mcp::POOL_LABEL, pool).await?;
+        }
+        Action::PausePool(pool) => {
+            openshift::set_paused(&state.ctx.client, pool, true).await?;
+            tracing::info!(request = %state.key(), pool = %pool.name, "paused the MachineConfigPool before the cordon");
+        }
+        Action::ReleasePool { pool } => release_pool(state, pool).await?,
         Action::Yield { patch, message } => {
             let updated = request_api(state)
                 .patch(

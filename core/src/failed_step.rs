@@ -25,6 +25,15 @@ pub enum StepCall {
     RemoveFinalizer,
     /// The yield's metadata write (a drain that budgets block gives its slot back).
     GiveSlotBack,
+    /// Whether the cluster is OpenShift (the Infrastructure `cluster`).
+    DetectOpenShift,
+    /// The node's MachineConfigPool: its MachineConfig, or the pool.
+    ReadPool,
+    /// The request's label naming its node's pool.
+    LabelPool,
+    PausePool,
+    /// The pool at a release: read it and its holders, unpause it.
+    ReleasePool,
 }
 
 impl StepCall {
@@ -43,6 +52,9 @@ impl StepCall {
             Action::WriteStatus(_) => Some(StepCall::WriteStatus),
             Action::RemoveFinalizer { .. } => Some(StepCall::RemoveFinalizer),
             Action::Yield { .. } => Some(StepCall::GiveSlotBack),
+            Action::LabelPool { .. } => Some(StepCall::LabelPool),
+            Action::PausePool(_) => Some(StepCall::PausePool),
+            Action::ReleasePool { .. } => Some(StepCall::ReleasePool),
             Action::Evict(_)
             | Action::ForceDelete(_)
             | Action::Event(_)
@@ -74,6 +86,17 @@ impl fmt::Display for OnTarget<'_> {
             StepCall::AddFinalizer => f.write_str("add our finalizer to the request"),
             StepCall::WriteStatus => f.write_str("write the request's status"),
             StepCall::RemoveFinalizer => f.write_str("remove our finalizer from the request"),
+            StepCall::DetectOpenShift => f.write_str(
+                "read the Infrastructure cluster (config.openshift.io) to detect OpenShift",
+            ),
+            StepCall::ReadPool => write!(f, "read the MachineConfigPool of node {node}"),
+            StepCall::LabelPool => f.write_str("label the request with its MachineConfigPool"),
+            StepCall::PausePool => write!(f, "pause the MachineConfigPool of node {node}"),
+            StepCall::ReleasePool => write!(
+                f,
+                "release the MachineConfigPool the request paused (read it and its requests, \
+                 unpause it)"
+            ),
             StepCall::GiveSlotBack => f.write_str(
                 "give the request's slot back (remove our finalizer and admission annotations)",
             ),

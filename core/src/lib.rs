@@ -25,6 +25,7 @@ pub mod gc;
 pub mod label_selector;
 pub mod leader;
 pub mod lifecycle;
+pub mod machine_config_pool;
 pub mod node_view;
 pub mod notifications;
 pub mod ownership;

@@ -183,6 +183,8 @@ pub fn yield_patch(
                 YIELDED_AT_ANNOTATION: conditions::admitted_time_value(at),
                 YIELD_BLOCKED_BY_ANNOTATION: blocked_by,
             },
+            // A Pending request holds no MachineConfigPool (the release looked at it first).
+            "labels": { crate::machine_config_pool::POOL_LABEL: null },
         }
     })
 }

@@ -92,6 +92,37 @@ pub struct MaintenanceOperatorConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]), length(max = 16))]
     pub notifications: Option<Vec<crate::Notification>>,
+
+    /// Our addition: OpenShift integration. Unset: `machineConfigPools: Auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openshift: Option<OpenShift>,
+}
+
+/// OpenShift integration (NVIDIA's operator turns it on by itself on OpenShift; here it can also
+/// be set).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenShift {
+    /// Pause the MachineConfigPool of a node before it is cordoned, and unpause it when the
+    /// pool's last request ends, as NVIDIA's operator does. `Auto` (the default): on when the
+    /// cluster is OpenShift (the Infrastructure `cluster` of `config.openshift.io/v1` exists) and
+    /// not HyperShift; `Enabled`: always; `Disabled`: never (a pool already paused by a request is
+    /// still unpaused at its release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_config_pools: Option<MachineConfigPools>,
+}
+
+/// Whether MachineConfigPools are paused.
+// Plain comments on the variants: doc comments would make the schema a `oneOf`, not an `enum`.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum MachineConfigPools {
+    // On when the cluster is OpenShift and not HyperShift.
+    #[default]
+    Auto,
+    Enabled,
+    Disabled,
 }
 
 /// Default for `admission.maxPassOverSeconds`: ten minutes, long enough for a PDB to recover from
@@ -386,6 +417,13 @@ impl MaintenanceOperatorConfigSpec {
     }
     pub fn notifications(&self) -> &[crate::Notification] {
         self.notifications.as_deref().unwrap_or_default()
+    }
+    /// `openshift.machineConfigPools`, `Auto` when unset.
+    pub fn machine_config_pools(&self) -> MachineConfigPools {
+        self.openshift
+            .as_ref()
+            .and_then(|o| o.machine_config_pools)
+            .unwrap_or_default()
     }
 }
 

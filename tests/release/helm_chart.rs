@@ -443,6 +443,20 @@ fn cluster_grants() -> BTreeSet<Grant> {
             "",
         ),
         ("events.k8s.io", "events", &["create", "patch"], ""),
+        // OpenShift MachineConfigPool pausing: detection, a node's pool, the pause.
+        ("config.openshift.io", "infrastructures", &["get"], ""),
+        (
+            "machineconfiguration.openshift.io",
+            "machineconfigs",
+            &["get"],
+            "",
+        ),
+        (
+            "machineconfiguration.openshift.io",
+            "machineconfigpools",
+            &["get", "patch"],
+            "",
+        ),
         // The secure /metrics: TokenReview and SubjectAccessReview of each scraper.
         ("authentication.k8s.io", "tokenreviews", &["create"], ""),
         (

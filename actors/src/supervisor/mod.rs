@@ -518,6 +518,9 @@ fn apply_config(state: &mut SupervisorState, config: Option<&MaintenanceOperator
             .map_or(0, |d| d.as_secs()),
         std::sync::atomic::Ordering::Relaxed,
     );
+    state
+        .ctx
+        .set_machine_config_pools(config.map(|c| c.machine_config_pools()).unwrap_or_default());
     state.ctx.evictor.set_rate(EvictionRate {
         per_second: config.map_or(maintenance_crds::DEFAULT_EVICTIONS_PER_SECOND, |c| {
             c.evictions_per_second()

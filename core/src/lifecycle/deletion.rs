@@ -26,6 +26,7 @@ pub fn on_request_gone(last: &NodeMaintenance, node: NodeView) -> Step {
     let release = node_release(last, node);
     let uncordon = release == Some(Action::Uncordon);
     step.actions.extend(release);
+    step.actions.extend(pool_release(last));
     if uncordon {
         step.actions.push(Action::Event(Event {
             warning: true,
@@ -99,6 +100,7 @@ pub(super) fn on_deletion(
     let release = node_release(request, observed.node);
     let uncordon = release == Some(Action::Uncordon);
     actions.extend(release);
+    actions.extend(pool_release(request));
     actions.push(Action::RemoveFinalizer {
         phase,
         in_phase_for: in_phase_for(request, now),
@@ -138,6 +140,7 @@ pub(super) fn on_node_gone(request: &NodeMaintenance, now: Timestamp) -> Step {
     step.actions.push(enter(request, phase, &message, now, |s| {
         s.wait_for_completion.clear();
     }));
+    step.actions.extend(pool_release(request));
     step.actions.push(Action::RemoveFinalizer {
         phase,
         in_phase_for: in_phase_for(request, now),
@@ -181,4 +184,14 @@ pub(super) fn owes_uncordon(request: &NodeMaintenance) -> bool {
         .and_then(|a| a.get(CORDON_REQUESTED_ANNOTATION))
         .is_some_and(|v| v == "true");
     (request.spec.cordon() || requested_at_admission) && initial_state(request) == Some(false)
+}
+
+/// The pool a request labelled is looked at on every way it ends (NVIDIA calls `UnpauseMCP` on
+/// deletion in every phase, internal/controller/nodemaintenance_controller.go): unpaused if we
+/// paused it and no other request holds it. Whatever the `openshift` setting says now, so that a
+/// pool is never left paused by a request that is gone.
+pub(super) fn pool_release(request: &NodeMaintenance) -> Option<Action> {
+    crate::machine_config_pool::labelled_pool(request).map(|pool| Action::ReleasePool {
+        pool: pool.to_string(),
+    })
 }

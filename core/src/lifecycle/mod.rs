@@ -27,6 +27,7 @@ use maintenance_crds::{NodeMaintenance, NodeMaintenanceStatus, Phase, condition_
 
 use crate::conditions;
 use crate::drain_plan::OperatorIdentity;
+use crate::machine_config_pool::{PoolObservation, PoolView};
 use crate::pod_view::CachedPod;
 
 mod admission;
@@ -132,6 +133,17 @@ pub struct Observed<'a> {
     /// The config's `admission.yieldBlockedDrainAfterSeconds`: a drain that budgets block gives
     /// its slot back after this long without progress; `None`: never.
     pub yield_after: Option<Duration>,
+    /// The MachineConfigPool of the node, observed only for the Scheduled (and Cordon) step
+    /// when pools are paused ([`observes_pool`]); `None` otherwise.
+    pub pool: Option<&'a PoolObservation>,
+}
+
+/// Whether the step of `request` needs the pool of its node, when pools are paused: the step
+/// that cordons (NVIDIA pauses in `handleScheduledState`, before the cordon).
+pub fn observes_pool(request: &NodeMaintenance) -> bool {
+    !request.is_deleting()
+        && matches!(request.phase(), Phase::Scheduled | Phase::Cordon)
+        && !conditions::requestor_failed(request)
 }
 
 /// What the actor does, in order. A failed action ends the step; the next step recomputes from
@@ -181,6 +193,19 @@ pub enum Action {
     /// The drain finished after this long (a histogram observation).
     DrainFinished {
         after: Duration,
+    },
+    /// Label the request with the pool of its node ([`crate::machine_config_pool::POOL_LABEL`]),
+    /// before the pool is paused, so that a release sees it as a holder.
+    LabelPool {
+        pool: String,
+    },
+    /// Pause the pool, with our annotation, guarded by the version observed
+    /// ([`crate::machine_config_pool::pause_patch`]).
+    PausePool(PoolView),
+    /// At the release of a request that labelled `pool`: read the pool and its holders, and
+    /// unpause it if [`crate::machine_config_pool::release_verdict`] says so.
+    ReleasePool {
+        pool: String,
     },
     /// Give the slot back (a drain that budgets block): this merge patch of the request's
     /// metadata, guarded by its resourceVersion, removes our finalizer and the admission's
@@ -275,6 +300,13 @@ pub enum EventReason {
     StepFailed,
     /// A drain that budgets blocked gave its slot back: the request is Pending again.
     Yielded,
+    /// The node's MachineConfigPool was paused before its cordon.
+    MachineConfigPoolPaused,
+    /// The pool's last request ended: it was unpaused.
+    MachineConfigPoolUnpaused,
+    /// The pool cannot be paused now (paused by someone else, configuring, not found): the
+    /// cordon waits.
+    MachineConfigPoolBusy,
 }
 
 impl EventReason {
@@ -290,6 +322,9 @@ impl EventReason {
             EventReason::ForceDeleted => "ForceDeleted",
             EventReason::StepFailed => "StepFailed",
             EventReason::Yielded => "Yielded",
+            EventReason::MachineConfigPoolPaused => "MachineConfigPoolPaused",
+            EventReason::MachineConfigPoolUnpaused => "MachineConfigPoolUnpaused",
+            EventReason::MachineConfigPoolBusy => "MachineConfigPoolBusy",
         }
     }
 }

@@ -149,6 +149,7 @@ fn run_observing(
         pdb_summaries: &summaries,
         operator: &operator,
         yield_after: None,
+        pool: None,
     };
     step(nm, &observed, now, ledger)
 }
@@ -1484,6 +1485,7 @@ fn an_eviction_order_shares_the_cached_pod() {
         pdb_summaries: &summaries,
         operator: &operator,
         yield_after: None,
+        pool: None,
     };
     let mut ledger = Ledger::default();
     let step = step(&nm, &observed, at(1), &mut ledger);
@@ -2274,4 +2276,5 @@ fn a_request_gone_without_our_cleanup_forgets_the_drain_and_its_budgets() {
     );
 }
 
+mod pools;
 mod yields;

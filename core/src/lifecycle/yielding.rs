@@ -105,6 +105,7 @@ pub(super) fn yield_step(
     let mut actions = Vec::new();
     // First, while the annotations still say whether the cordon is ours.
     actions.extend(release);
+    actions.extend(super::deletion::pool_release(request));
     actions.push(Action::Yield {
         patch: yield_patch(request, count, now, &blocker.describe()),
         message: message.clone(),

@@ -30,6 +30,7 @@ fn run_yielding(
         pdb_summaries: &summaries,
         operator: &operator,
         yield_after,
+        pool: None,
     };
     step(nm, &observed, now, ledger)
 }
@@ -299,4 +300,31 @@ fn a_yield_names_every_budget_and_pod() {
     for part in ["app/web", "app/web-0", "app/web-1", "app/db", "app/db-0"] {
         assert!(message.contains(part), "{part}: {message}");
     }
+}
+
+/// A yield is a release too: the pool the request labelled is looked at before the patch, and
+/// the patch removes the label (a Pending request holds no pool).
+#[test]
+fn a_yield_releases_the_pool_it_labelled() {
+    let mut nm = with_drain(request(Phase::Draining), 0);
+    nm.metadata.labels = Some(BTreeMap::from([(
+        crate::machine_config_pool::POOL_LABEL.to_string(),
+        "worker".to_string(),
+    )]));
+    let (pods, mut ledger) = blocked_drain(&nm);
+    let step = run_yielding(&nm, &pods, at(7), &mut ledger, Some(PERIOD));
+    let release = step
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::ReleasePool { pool } if pool == "worker"));
+    let patch = step
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::Yield { .. }));
+    assert!(release.is_some() && release < patch, "{step:?}");
+    let labels = &yield_patch_of(&step).expect("the yield's patch")["metadata"]["labels"];
+    assert_eq!(
+        labels[crate::machine_config_pool::POOL_LABEL],
+        serde_json::Value::Null
+    );
 }
