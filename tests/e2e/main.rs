@@ -30,6 +30,7 @@ mod leader;
 mod lifecycle;
 mod node_groups;
 mod notifications;
+mod nvidia_requestor;
 mod openshift_pools;
 mod reboot;
 mod requestor_watch;
