@@ -714,7 +714,7 @@ mod queue {
         let evictor = evictor(pdb_cache(Vec::new()), 1);
         let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
-        let mut submit = |order: EvictionOrder| {
+        let submit = |order: EvictionOrder| {
             let answered = answered.clone();
             evictor.submit(QueuedEviction {
                 order,

@@ -17,7 +17,7 @@ use super::{
 /// and went through after the admission had added ours), or someone removed our finalizer by
 /// hand. Nothing else will undo what the request did to the node, so the actor undoes it now, as
 /// the deletion would have, from the last version it saw: the uncordon if we owe it, or the
-/// autoscaler annotations ([`node_release`]). There is no object left to write.
+/// autoscaler annotations (`node_release`). There is no object left to write.
 pub fn on_request_gone(last: &NodeMaintenance, node: NodeView) -> Step {
     let mut step = Step {
         finished: true,
