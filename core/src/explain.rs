@@ -397,4 +397,37 @@ mod tests {
         assert!(memory.round(&limits(1), &shown, at(1)).is_empty());
         assert_eq!(memory.round(&limits(1), &shown, at(60)), ["a"]);
     }
+
+    /// A request whose cause changes while our previous write to it is on its way is observed
+    /// without a message (the shell's rule): remembered under its old cause, and rewritten with
+    /// the new one in the first round after the write shows. Chosen while the write was on its
+    /// way, it was recorded under the new cause but not written, and its message stayed stale
+    /// for a minute (an e2e run caught a node group still saying it waited for its last
+    /// member).
+    #[test]
+    fn a_cause_that_changes_while_a_write_is_on_its_way_is_written_once_it_shows() {
+        let mut memory: Explanations<&str> = Explanations::default();
+        let seen = |cause, message| {
+            [Observed {
+                key: "a",
+                reason: "the new reason",
+                cause,
+                message,
+            }]
+        };
+        let other = WaitCause::MaxUnavailable;
+        assert_eq!(
+            memory.round(&limits(1), &seen(SLOTS, Some("old")), at(0)),
+            ["a"]
+        );
+        assert!(
+            memory
+                .round(&limits(1), &seen(other, None), at(1))
+                .is_empty()
+        );
+        assert_eq!(
+            memory.round(&limits(1), &seen(other, Some("the old reason")), at(2)),
+            ["a"]
+        );
+    }
 }

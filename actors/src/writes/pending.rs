@@ -43,9 +43,14 @@ pub(crate) fn explain_waiting(
             continue;
         }
         let message = match request.condition(condition_type::READY) {
+            Some(c) if c.reason != Phase::Pending.as_str() => continue,
+            // With a write of ours on its way, the message the request will show is not known
+            // yet: remembered, not a candidate. Chosen now, it would be recorded as explained
+            // with this round's cause but left unwritten, and its message would stay stale for
+            // the interval of an unchanged cause.
+            _ if tracker.has_write(&uid) => None,
             None => None,
-            Some(c) if c.reason == Phase::Pending.as_str() => Some(c.message.as_str()),
-            Some(_) => continue,
+            Some(c) => Some(c.message.as_str()),
         };
         observed.push(Observed {
             key: uid.clone(),
@@ -56,7 +61,7 @@ pub(crate) fn explain_waiting(
         by_uid.insert(uid, (request, &entry.reason));
     }
     // Requests with a write in flight stay in what the memory observes (or it would forget
-    // them and explain them again at once); they are only left out of this round's writes.
+    // them and explain them again at once), as requests with no message yet.
     let chosen = explanations.round(limits, &observed, jiff::Timestamp::now());
     let writes: Vec<(String, (Arc<NodeMaintenance>, String))> = chosen
         .iter()
