@@ -239,7 +239,12 @@ async fn abuse(
     // as no AdmissionReview.
     let big = garbage_file(4 << 20)?;
     let (code, body) = curl_post(port, ca_file, big.path())?;
-    ensure!(code == 413, "a 4 MiB body: {code} {body}");
+    // The 413 comes before the body is read: curl, still sending, may see the connection
+    // closed under it (broken pipe, reset) and report only the 100 Continue it got first.
+    let cut = ["Broken pipe", "Connection reset"]
+        .iter()
+        .any(|said| body.contains(said));
+    ensure!(code == 413 || cut, "a 4 MiB body: {code} {body}");
     let under = garbage_file(2 << 20)?;
     let (code, body) = curl_post(port, ca_file, under.path())?;
     ensure!(code == 400, "a 2 MiB body of garbage: {code} {body}");
