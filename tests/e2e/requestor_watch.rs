@@ -80,6 +80,14 @@ fn watch_fires(client: Client, ns: &str) -> Arc<Mutex<BTreeMap<String, Fires>>> 
     fires
 }
 
+/// What a watch task recorded, at the end of the run.
+fn what_the_watch_saw<T: Clone>(record: &Mutex<T>) -> Result<T> {
+    Ok(record
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the watch task panicked"))?
+        .clone())
+}
+
 /// A rolling maintenance: each request of `ns` released as soon as it is Ready, so the rest go
 /// on; returns once none is left.
 async fn release_each_once_ready(client: &Client, ns: &str) -> Result<()> {
@@ -115,10 +123,7 @@ async fn conditions_change_only_with_the_phase_so_requestors_wake_only_then() ->
     release_each_once_ready(&client, &ns).await?;
     let took = started.elapsed();
 
-    let fires = fires
-        .lock()
-        .map_err(|_| anyhow::anyhow!("the watch task panicked"))?
-        .clone();
+    let fires = what_the_watch_saw(&fires)?;
     ensure!(
         fires.len() == NODES,
         "the watch saw {} of {NODES} requests",
@@ -237,10 +242,7 @@ async fn hundreds_of_requests_created_at_once_are_explained_and_admitted_in_orde
     release_each_once_ready(&client, &ns).await?;
     let took = started.elapsed();
 
-    let seen = seen
-        .lock()
-        .map_err(|_| anyhow::anyhow!("the watch task panicked"))?
-        .clone();
+    let seen = what_the_watch_saw(&seen)?;
     // Writes of one round land in any order: within a second counts as together.
     let together = Duration::from_secs(1);
     let mut entries = Vec::new();
